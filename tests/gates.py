@@ -1,0 +1,116 @@
+"""The gates of `make test`, each timed: unit tests, chapters under nbval, the book build, the browser.
+
+Usage: ``python tests/gates.py [unit|chapters|book|browser ...]`` (no argument: all, in that order).
+Chapters run at ``ci`` scale; the nbval run and the book build share one cache directory so the book
+build reuses what the chapter run computed.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+CI_BUILD = ROOT / "_build" / "ci"
+
+
+def toc_files() -> list[Path]:
+    """Chapter sources listed in ``_toc.yml`` (only those under ``chapters/``)."""
+    import yaml
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "file" in node:
+                yield node["file"]
+            for value in node.values():
+                yield from walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from walk(value)
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    return [ROOT / f"{f}.md" for f in walk(toc) if f.startswith("chapters/")]
+
+
+def env_ci() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(WSBOOK_SCALE="ci", WSBOOK_PROGRESS="0", WSBOOK_CACHE_DIR=str(ROOT / "_build" / "cache-ci"),
+               PYTHONPATH=str(ROOT))
+    return env
+
+
+def run(cmd: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> int:
+    print("+", " ".join(cmd), flush=True)
+    return subprocess.call(cmd, env=env or env_ci(), cwd=cwd)
+
+
+def gate_unit(extra: list[str]) -> int:
+    return run([str(BIN / "python"), "-m", "pytest", "tests", "-m", "not book", "-q", "-p", "no:cacheprovider",
+                *extra])
+
+
+def gate_chapters(extra: list[str]) -> int:
+    chapters = toc_files()
+    selected = [c for c in chapters if not extra or any(e in c.name for e in extra)]
+    with tempfile.TemporaryDirectory(prefix="wsbook-nbval-") as tmp:
+        notebooks = []
+        for chapter in selected:
+            target = Path(tmp) / f"{chapter.stem}.ipynb"
+            code = run([str(BIN / "jupytext"), "--quiet", "--to", "ipynb", "-o", str(target), str(chapter)])
+            if code:
+                return code
+            notebooks.append(str(target))
+        if not notebooks:
+            print("no chapters selected")
+            return 1
+        return run([str(BIN / "python"), "-m", "pytest", "--nbval-lax", "--nbval-current-env",
+                    "--nbval-cell-timeout=600", "-p", "no:cacheprovider", "-q", "--rootdir", tmp, *notebooks],
+                   cwd=Path(tmp))
+
+
+def gate_book(extra: list[str]) -> int:
+    shutil.rmtree(CI_BUILD, ignore_errors=True)
+    return run([str(BIN / "jupyter-book"), "build", str(ROOT), "-W", "--keep-going", "--path-output", str(CI_BUILD)])
+
+
+def gate_browser(extra: list[str]) -> int:
+    if not (CI_BUILD / "_build" / "html" / "index.html").exists():
+        code = gate_book([])
+        if code:
+            return code
+    env = env_ci()
+    env["WSBOOK_HTML_DIR"] = str(CI_BUILD / "_build" / "html")
+    return run([str(BIN / "python"), "-m", "pytest", "tests/test_browser.py", "-m", "book", "-q", "-p",
+                "no:cacheprovider", *extra], env=env)
+
+
+GATES = {"unit": gate_unit, "chapters": gate_chapters, "book": gate_book, "browser": gate_browser}
+
+
+def main(argv: list[str]) -> int:
+    names = [a for a in argv if a in GATES] or list(GATES)
+    extra = [a for a in argv if a not in GATES]
+    results = []
+    for name in names:
+        start = time.perf_counter()
+        print(f"\n=== gate: {name} ===", flush=True)
+        code = GATES[name](extra)
+        results.append((name, code, time.perf_counter() - start))
+        print(f"=== gate {name}: {'passed' if code == 0 else 'FAILED'} in {results[-1][2]:.1f} s ===", flush=True)
+        if code:
+            break
+    print("\nsummary")
+    for name, code, seconds in results:
+        print(f"  {name:10s} {'passed' if code == 0 else 'FAILED':7s} {seconds:8.1f} s")
+    failed = sum(1 for _, code, _ in results if code)
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,163 @@
+"""A keyed, atomic, safe-to-load cache for expensive artifacts (trained zoos, posterior samples, flows).
+
+Key = function name + arguments + scale + version. Values are tensors, numbers, strings, ``None`` and
+lists / tuples / dicts of those; they are written with ``torch.save`` to a temporary file and renamed
+into place (atomic), and read with ``torch.load(weights_only=True)``, which never executes code.
+A corrupt or mismatched entry is recomputed with a warning. The directory is ``WSBOOK_CACHE_DIR``
+(default: the user cache directory); ``WSBOOK_CACHE=off`` disables reading and writing.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from wsbook import config
+
+_ALLOWED = (torch.Tensor, int, float, str, bool, type(None))
+
+
+def cache_dir() -> Path:
+    """Where entries live: ``WSBOOK_CACHE_DIR`` or the platform's user cache directory."""
+    env = os.environ.get("WSBOOK_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("wsbook"))
+
+
+def enabled() -> bool:
+    return os.environ.get("WSBOOK_CACHE", "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+def _canonical(value: Any) -> Any:
+    """A JSON-able description of an argument, stable across runs (tensors by content hash)."""
+    if isinstance(value, torch.Tensor):
+        digest = hashlib.sha256(value.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
+        return {"tensor": list(value.shape), "dtype": str(value.dtype), "sha": digest}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (int, float, str, bool, type(None))):
+        return value
+    if hasattr(value, "__dataclass_fields__"):
+        return {type(value).__name__: _canonical({k: getattr(value, k) for k in value.__dataclass_fields__
+                                                  if not k.startswith("_")})}
+    if isinstance(value, torch.device):
+        return str(value)
+    raise TypeError(f"cannot build a cache key from an argument of type {type(value).__name__}")
+
+
+def _check_value(value: Any, where: str = "result") -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"cached {where} has a non-string key {k!r}")
+            _check_value(v, f"{where}[{k!r}]")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_value(v, f"{where}[{i}]")
+    elif not isinstance(value, _ALLOWED):
+        raise TypeError(f"cached {where} is a {type(value).__name__}; only tensors, numbers, strings, None "
+                        "and lists/dicts of them can be cached safely")
+
+
+def make_key(name: str, arguments: dict[str, Any], version: str) -> tuple[str, dict[str, Any]]:
+    """The entry's hash and the description it was made from."""
+    description = {"name": name, "args": _canonical(arguments), "scale": config.scale(), "version": version}
+    blob = json.dumps(description, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:24], description
+
+
+def _path(key: str, name: str) -> Path:
+    return cache_dir() / f"{name.replace('.', '_')}-{key}.pt"
+
+
+def load_entry(key: str, name: str, description: dict[str, Any]) -> tuple[bool, Any]:
+    """``(True, value)`` for a valid entry; ``(False, None)`` when missing, corrupt or mismatched (warned)."""
+    path = _path(key, name)
+    if not path.exists():
+        return False, None
+    try:
+        stored = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(stored, dict) or stored.get("description") != json.loads(json.dumps(description)):
+            raise ValueError("stored description does not match the requested key")
+        return True, stored["value"]
+    except Exception as err:  # any unreadable entry is recomputed, never trusted
+        warnings.warn(f"wsbook cache: entry {path.name} is unreadable ({type(err).__name__}: {err}); recomputing",
+                      RuntimeWarning, stacklevel=3)
+        return False, None
+
+
+def save_entry(key: str, name: str, description: dict[str, Any], value: Any) -> Path:
+    """Write an entry atomically (temporary file in the same directory, then ``os.replace``)."""
+    _check_value(value)
+    path = _path(key, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save({"description": description, "value": value}, fh)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_device(v, device) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_to_device(v, device) for v in value)
+    return value
+
+
+def cached(version: str = "1") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: cache a function's result under its name, its bound arguments, the scale and ``version``.
+
+    Bump ``version`` when the function's meaning changes. Results come back on the configured device.
+    """
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(fn)
+        name = f"{fn.__module__}.{fn.__qualname__}"
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            key, description = make_key(name, dict(bound.arguments), version)
+            if enabled():
+                hit, value = load_entry(key, name, description)
+                if hit:
+                    return _to_device(value, config.device())
+            value = fn(*args, **kwargs)
+            if enabled():
+                save_entry(key, name, description, _to_device(value, torch.device("cpu")))
+            return value
+
+        def cache_path(*args: Any, **kwargs: Any) -> Path:
+            """The file an entry for these arguments lives in (whether or not it exists yet)."""
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return _path(make_key(name, dict(bound.arguments), version)[0], name)
+
+        wrapper.cache_path = cache_path  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate

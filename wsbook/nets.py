@@ -1,0 +1,354 @@
+"""Populations of MLPs: a spec, a flat ``[B, D]`` tensor, and a batched forward pass.
+
+A *population* is ``theta`` of shape ``[B, D]``: ``B`` networks with ``D`` parameters each, laid out
+layer by layer as ``weight [out, in]`` (row-major) followed by ``bias [out]`` -- the same order as
+``torch.nn.Linear`` parameters, so ``from_modules`` is a plain flatten. Views of the layers are zero-copy.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from wsbook import config
+
+ACTIVATIONS = ("relu", "tanh", "sine", "gelu")
+
+
+class Sine(nn.Module):
+    """``sin(frequency * x)``, the SIREN activation (Sitzmann et al., 2020)."""
+
+    def __init__(self, frequency: float = 30.0):
+        super().__init__()
+        self.frequency = float(frequency)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.sin(self.frequency * x)
+
+    def extra_repr(self) -> str:
+        return f"frequency={self.frequency}"
+
+
+@dataclass(frozen=True)
+class MLPSpec:
+    """A fully connected network ``widths[0] -> ... -> widths[-1]`` with one activation between layers.
+
+    ``frequency`` is the SIREN ``w0`` used when ``activation == "sine"``. The output layer is linear.
+    """
+
+    widths: tuple[int, ...]
+    activation: str = "relu"
+    bias: bool = True
+    frequency: float = 30.0
+    _offsets: tuple[tuple[int, int, int], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        widths = tuple(int(w) for w in self.widths)
+        if len(widths) < 2 or any(w < 1 for w in widths):
+            raise ValueError(f"MLPSpec needs at least two positive widths (input, output); got {self.widths!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}; got {self.activation!r}")
+        object.__setattr__(self, "widths", widths)
+        offsets, start = [], 0
+        for fan_in, fan_out in zip(widths[:-1], widths[1:]):
+            w_end = start + fan_out * fan_in
+            b_end = w_end + (fan_out if self.bias else 0)
+            offsets.append((start, w_end, b_end))
+            start = b_end
+        object.__setattr__(self, "_offsets", tuple(offsets))
+
+    # ----------------------------------------------------------------- layout
+    @property
+    def n_layers(self) -> int:
+        """Number of linear layers."""
+        return len(self.widths) - 1
+
+    @property
+    def n_params(self) -> int:
+        """``D``, the length of one network's flat parameter vector."""
+        return self._offsets[-1][2]
+
+    @property
+    def layer_shapes(self) -> list[tuple[int, int]]:
+        """``(out, in)`` of every weight matrix."""
+        return [(o, i) for i, o in zip(self.widths[:-1], self.widths[1:])]
+
+    def slices(self, layer: int) -> tuple[slice, slice | None]:
+        """Slices of the flat vector holding layer ``layer``'s weight and bias (``None`` without biases)."""
+        start, w_end, b_end = self._offsets[layer]
+        return slice(start, w_end), (slice(w_end, b_end) if self.bias else None)
+
+    def check(self, theta: Tensor, name: str = "theta") -> Tensor:
+        """Validate a population and return it as ``[B, D]`` (a single ``[D]`` vector becomes ``[1, D]``)."""
+        if not isinstance(theta, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of shape [B, {self.n_params}]; got {type(theta).__name__}")
+        if theta.dim() == 1:
+            theta = theta.unsqueeze(0)
+        if theta.dim() != 2 or theta.shape[1] != self.n_params:
+            raise ValueError(
+                f"{name} must have shape [B, {self.n_params}] for {self}; got {tuple(theta.shape)}"
+            )
+        return theta
+
+    def weights(self, theta: Tensor) -> list[Tensor]:
+        """Per-layer weight views ``[B, out, in]`` (no copies)."""
+        theta = self.check(theta)
+        out = []
+        for layer, (o, i) in enumerate(self.layer_shapes):
+            w, _ = self.slices(layer)
+            out.append(theta[:, w].view(theta.shape[0], o, i) if theta.is_contiguous() else theta[:, w].reshape(-1, o, i))
+        return out
+
+    def biases(self, theta: Tensor) -> list[Tensor | None]:
+        """Per-layer bias views ``[B, out]`` (``None`` for a spec without biases)."""
+        theta = self.check(theta)
+        return [theta[:, self.slices(layer)[1]] if self.bias else None for layer in range(self.n_layers)]
+
+    def pack(self, weights: Sequence[Tensor], biases: Sequence[Tensor | None] | None = None) -> Tensor:
+        """Inverse of :meth:`weights` / :meth:`biases`: concatenate per-layer tensors into ``[B, D]``."""
+        if len(weights) != self.n_layers:
+            raise ValueError(f"expected {self.n_layers} weight tensors, got {len(weights)}")
+        parts = []
+        for layer, (w, shape) in enumerate(zip(weights, self.layer_shapes)):
+            if tuple(w.shape[-2:]) != shape:
+                raise ValueError(f"layer {layer} weight must end in {shape}; got {tuple(w.shape)}")
+            parts.append(w.reshape(w.shape[0], -1))
+            if self.bias:
+                if biases is None or biases[layer] is None:
+                    raise ValueError(f"spec has biases but none given for layer {layer}")
+                parts.append(biases[layer].reshape(w.shape[0], -1))
+        return torch.cat(parts, dim=1)
+
+    # ---------------------------------------------------------------- forward
+    def act(self, z: Tensor) -> Tensor:
+        """The hidden activation applied elementwise."""
+        if self.activation == "relu":
+            return torch.relu(z)
+        if self.activation == "tanh":
+            return torch.tanh(z)
+        if self.activation == "gelu":
+            return F.gelu(z)
+        return torch.sin(self.frequency * z)
+
+    def forward(self, theta: Tensor, x: Tensor, return_hidden: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """Evaluate all ``B`` networks: ``x`` is ``[N, in]`` (shared) or ``[B, N, in]``; returns ``[B, N, out]``.
+
+        Differentiable in ``theta``. With a shared input the first layer is one wide matrix product
+        ``x @ [W_1; ...; W_B]^T``; later layers are batched products (``baddbmm``). With
+        ``return_hidden`` the post-activation hidden states ``[B, N, width]`` are returned too.
+        """
+        theta = self.check(theta)
+        B = theta.shape[0]
+        if x.dim() not in (2, 3) or x.shape[-1] != self.widths[0]:
+            raise ValueError(f"x must be [N, {self.widths[0]}] or [B, N, {self.widths[0]}]; got {tuple(x.shape)}")
+        if x.dim() == 3 and x.shape[0] != B:
+            raise ValueError(f"x has {x.shape[0]} input batches but theta has {B} networks")
+        ws, bs = self.weights(theta), self.biases(theta)
+        hidden = []
+        h = x
+        for layer, (w, b) in enumerate(zip(ws, bs)):
+            o, i = self.layer_shapes[layer]
+            if h.dim() == 2:  # shared input: one wide GEMM for all networks
+                z = (h @ w.reshape(B * o, i).T).view(h.shape[0], B, o).transpose(0, 1)
+                if b is not None:
+                    z = z + b.unsqueeze(1)
+            elif b is not None:
+                z = torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
+            else:
+                z = torch.bmm(h, w.transpose(1, 2))
+            if layer < self.n_layers - 1:
+                h = self.act(z)
+                if return_hidden:
+                    hidden.append(h)
+            else:
+                h = z
+        return (h, hidden) if return_hidden else h
+
+    __call__ = forward
+
+    # ---------------------------------------------------------- initialisers
+    def init(self, n: int, scheme: str = "kaiming", generator: torch.Generator | None = None,
+             device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Tensor:
+        """Draw ``n`` networks ``[n, D]``.
+
+        ``kaiming``: the ``torch.nn.Linear`` default, U(+-1/sqrt(fan_in)) for weights and biases.
+        ``kaiming_normal``: N(0, 2/fan_in) weights (He et al., 2015), zero biases.
+        ``xavier``: U(+-sqrt(6/(fan_in+fan_out))) weights (Glorot & Bengio, 2010), zero biases.
+        ``siren``: first layer U(+-1/fan_in), others U(+-sqrt(6/fan_in)/frequency) (Sitzmann et al., 2020).
+        """
+        device = device or config.device()
+        dtype = dtype or config.dtype()
+        theta = torch.zeros(n, self.n_params, dtype=dtype)
+        for layer, (o, i) in enumerate(self.layer_shapes):
+            w_slice, b_slice = self.slices(layer)
+            if scheme == "kaiming":
+                bound_w = bound_b = 1.0 / math.sqrt(i)
+            elif scheme == "kaiming_normal":
+                theta[:, w_slice] = torch.randn(n, o * i, generator=generator, dtype=dtype) * math.sqrt(2.0 / i)
+                continue
+            elif scheme == "xavier":
+                bound_w, bound_b = math.sqrt(6.0 / (i + o)), 0.0
+            elif scheme == "siren":
+                bound_w = 1.0 / i if layer == 0 else math.sqrt(6.0 / i) / self.frequency
+                bound_b = 1.0 / math.sqrt(i)
+            else:
+                raise ValueError(f"unknown init scheme {scheme!r}; use kaiming, kaiming_normal, xavier or siren")
+            theta[:, w_slice] = (torch.rand(n, o * i, generator=generator, dtype=dtype) * 2 - 1) * bound_w
+            if b_slice is not None and bound_b > 0:
+                theta[:, b_slice] = (torch.rand(n, o, generator=generator, dtype=dtype) * 2 - 1) * bound_b
+        return theta.to(device)
+
+    # --------------------------------------------------------------- interop
+    def to_module(self, theta: Tensor) -> nn.Sequential:
+        """One network (``[D]`` or ``[1, D]``) as a plain ``torch.nn.Sequential`` of Linear layers and activations."""
+        theta = self.check(theta.detach())
+        if theta.shape[0] != 1:
+            raise ValueError(f"to_module takes one network; got a population of {theta.shape[0]}")
+        layers: list[nn.Module] = []
+        for layer, (o, i) in enumerate(self.layer_shapes):
+            lin = nn.Linear(i, o, bias=self.bias, device=theta.device, dtype=theta.dtype)
+            w_slice, b_slice = self.slices(layer)
+            with torch.no_grad():
+                lin.weight.copy_(theta[0, w_slice].view(o, i))
+                if b_slice is not None:
+                    lin.bias.copy_(theta[0, b_slice])
+            layers.append(lin)
+            if layer < self.n_layers - 1:
+                layers.append(self._activation_module())
+        return nn.Sequential(*layers)
+
+    def _activation_module(self) -> nn.Module:
+        return {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}[self.activation]() if self.activation != "sine" \
+            else Sine(self.frequency)
+
+    def from_modules(self, modules: Sequence[nn.Module]) -> Tensor:
+        """Stack plain ``nn.Sequential`` MLPs (Linear layers in order) into a population ``[B, D]``."""
+        rows = []
+        for k, module in enumerate(modules):
+            linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
+            shapes = [tuple(m.weight.shape) for m in linears]
+            if shapes != self.layer_shapes or any((m.bias is not None) != self.bias for m in linears):
+                raise ValueError(
+                    f"module {k} has Linear shapes {shapes} (bias={[m.bias is not None for m in linears]}); "
+                    f"{self} expects {self.layer_shapes} (bias={self.bias})"
+                )
+            rows.append(torch.cat([p.detach().reshape(-1) for m in linears for p in m.parameters()]))
+        if not rows:
+            raise ValueError("from_modules needs at least one module")
+        return torch.stack(rows)
+
+
+# ------------------------------------------------------------------ training
+LOSSES = ("cross_entropy", "mse")
+
+
+def per_member_loss(spec: MLPSpec, theta: Tensor, x: Tensor, y: Tensor, loss: str = "cross_entropy") -> Tensor:
+    """Mean loss of every member on its batch: ``[B]``. ``x`` is ``[N, in]`` or ``[B, N, in]``, ``y`` matches."""
+    out = spec.forward(theta, x)
+    B, N = out.shape[0], out.shape[1]
+    if loss == "cross_entropy":
+        target = y.expand(B, N) if y.dim() == 1 else y
+        return F.cross_entropy(out.reshape(B * N, -1), target.reshape(-1), reduction="none").view(B, N).mean(1)
+    if loss == "mse":
+        target = y if y.dim() == 3 else y.reshape(N, -1).unsqueeze(0)  # [B, N, out] or shared [N, out]
+        return ((out - target) ** 2).flatten(1).mean(1)
+    raise ValueError(f"unknown loss {loss!r}; use one of {LOSSES}")
+
+
+def accuracy(spec: MLPSpec, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+    """Per-member classification accuracy ``[B]``."""
+    with torch.no_grad():
+        return (spec.forward(theta, x).argmax(-1) == y).float().mean(-1)
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train_population` returns: final weights, per-step per-member losses, optional checkpoints."""
+
+    theta: Tensor            # [B, D]
+    loss_history: Tensor     # [steps, B]
+    checkpoints: Tensor | None = None   # [K, B, D] at checkpoint_steps
+    checkpoint_steps: list[int] = field(default_factory=list)
+
+
+def train_population(
+    spec: MLPSpec,
+    theta: Tensor,
+    x: Tensor,
+    y: Tensor,
+    *,
+    steps: int,
+    lr: float = 1e-3,
+    optimizer: str = "adam",
+    loss: str = "cross_entropy",
+    batch_size: int | None = None,
+    weight_decay: float = 0.0,
+    momentum: float = 0.0,
+    shared_batches: bool = False,
+    checkpoint_every: int | None = None,
+    generator: torch.Generator | None = None,
+    progress: bool | None = None,
+    desc: str = "training",
+) -> TrainResult:
+    """Train all ``B`` networks of ``theta`` at once: one optimizer over one ``[B, D]`` leaf.
+
+    Adam and SGD update every coordinate independently, so this equals ``B`` separate runs. Each member
+    draws its own minibatch of ``batch_size`` (``None`` = full batch) unless ``shared_batches``. The
+    summed loss is backpropagated, so each member receives exactly the gradient of its own mean loss.
+    Raises ``FloatingPointError`` if a loss becomes NaN or infinite.
+    """
+    theta0 = spec.check(theta)
+    if optimizer not in ("adam", "sgd"):
+        raise ValueError(f"optimizer must be 'adam' or 'sgd'; got {optimizer!r}")
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; use one of {LOSSES}")
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"x has {x.shape[0]} examples but y has {y.shape[0]}")
+    B, N = theta0.shape[0], x.shape[0]
+    param = theta0.detach().clone().requires_grad_(True)
+    opt = (torch.optim.Adam([param], lr=lr, weight_decay=weight_decay) if optimizer == "adam"
+           else torch.optim.SGD([param], lr=lr, momentum=momentum, weight_decay=weight_decay))
+    history = torch.empty(steps, B, device=param.device)
+    checkpoints, checkpoint_steps = [], []
+    use_batches = batch_size is not None and batch_size < N
+    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    from tqdm.auto import trange
+
+    show = config.progress_enabled() if progress is None else progress
+    if loss == "mse":
+        y = y.reshape(N, -1)
+    n_per_epoch = max(N // batch_size, 1) if use_batches else 1
+    order = None
+    for step in trange(steps, desc=desc, disable=not show, leave=False):
+        if use_batches:
+            k = step % n_per_epoch
+            if k == 0:  # a fresh shuffle per epoch, one per member unless batches are shared
+                rows = 1 if shared_batches else B
+                order = torch.rand(rows, N, generator=gen).argsort(1).to(x.device)
+            idx = order[:, k * batch_size:(k + 1) * batch_size]
+            if shared_batches:
+                idx = idx[0]
+            xb, yb = x[idx], y[idx]
+        else:
+            xb, yb = x, y
+        member_loss = per_member_loss(spec, param, xb, yb, loss)
+        opt.zero_grad(set_to_none=True)
+        member_loss.sum().backward()
+        opt.step()
+        history[step] = member_loss.detach()
+        if checkpoint_every and (step + 1) % checkpoint_every == 0:
+            checkpoints.append(param.detach().clone())
+            checkpoint_steps.append(step + 1)
+    if not torch.isfinite(history[-1]).all():
+        bad = (~torch.isfinite(history[-1])).nonzero().flatten().tolist()
+        raise FloatingPointError(f"training diverged: non-finite final loss for members {bad[:10]}; lower lr")
+    return TrainResult(
+        theta=param.detach(),
+        loss_history=history,
+        checkpoints=torch.stack(checkpoints) if checkpoints else None,
+        checkpoint_steps=checkpoint_steps,
+    )

@@ -1,0 +1,141 @@
+"""The book's plotly style: one template, one colour per method, a few figure helpers, and a renderer
+that works both in JupyterLab (plotly's MIME type) and in the built HTML book (a div drawn by the
+``plotly.min.js`` that :mod:`wsbook.sphinx` ships into the book's ``_static``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.io._base_renderers import MimetypeRenderer
+
+TEMPLATE = "wsbook"
+PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000",
+           "#882255", "#44AA99", "#999933", "#AA4499"]
+
+#: A method keeps its colour in every chapter.
+METHOD_COLORS: dict[str, str] = {
+    # inference methods
+    "hmc": "#000000", "sgld": "#0072B2", "sghmc": "#56B4E9", "vi": "#D55E00", "laplace": "#E69F00",
+    "ensemble": "#009E73", "map": "#999999", "sgd_trajectory": "#44AA99",
+    # flows over weights
+    "flow": "#CC79A7", "euclidean": "#882255", "normalized": "#AA4499", "geometric": "#CC79A7", "target": "#000000",
+    # alignment
+    "naive": "#999999", "weight_matching": "#0072B2", "activation_matching": "#009E73", "sinkhorn": "#E69F00",
+    "wm_sinkhorn": "#D55E00", "learned": "#CC79A7", "autoencoder": "#CC79A7",
+    # models over weights
+    "pna": "#0072B2", "relational_transformer": "#D55E00", "mlp": "#999999", "mlp_augmented": "#009E73",
+    # couplings
+    "independent": "#999999", "ot": "#0072B2",
+    "data": "#444444",
+}
+
+
+def color(name: str) -> str:
+    """The colour of a method (case- and separator-insensitive); unknown names get a stable palette colour."""
+    key = name.lower().replace(" ", "_").replace("-", "_")
+    if key in METHOD_COLORS:
+        return METHOD_COLORS[key]
+    return PALETTE[int(hashlib.md5(key.encode()).hexdigest(), 16) % len(PALETTE)]
+
+
+def _rgba(hex_color: str, alpha: float) -> str:
+    h = hex_color.lstrip("#")
+    r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+class BookRenderer(MimetypeRenderer):
+    """Emit both plotly's JSON MIME type (JupyterLab draws it) and a self-contained HTML div
+    (the book draws it with the ``Plotly`` global; no require.js, no CDN)."""
+
+    def to_mimebundle(self, fig_dict):
+        fig_json = json.loads(pio.to_json(fig_dict, validate=False, remove_uids=False))
+        html = pio.to_html(fig_dict, include_plotlyjs=False, include_mathjax=False, full_html=False,
+                           validate=False, config={"displaylogo": False, "responsive": True})
+        return {"application/vnd.plotly.v1+json": {"data": fig_json.get("data", []),
+                                                    "layout": fig_json.get("layout", {}),
+                                                    "config": {"displaylogo": False}},
+                "text/html": html}
+
+
+def setup() -> None:
+    """Register the book's template and renderer and make them the defaults (called on import)."""
+    template = go.layout.Template(pio.templates["plotly_white"])
+    template.layout.colorway = PALETTE
+    template.layout.font = dict(family="Helvetica, Arial, sans-serif", size=13)
+    template.layout.margin = dict(l=60, r=20, t=50, b=50)
+    template.layout.legend = dict(bgcolor="rgba(255,255,255,0.6)")
+    pio.templates[TEMPLATE] = template
+    pio.templates.default = TEMPLATE
+    pio.renderers[TEMPLATE] = BookRenderer()
+    pio.renderers.default = TEMPLATE
+
+
+def curves_with_bands(x: Sequence[float] | np.ndarray, curves: Mapping[str, tuple], *, title: str = "",
+                      xaxis: str = "", yaxis: str = "", alpha: float = 0.2) -> go.Figure:
+    """Lines with shaded bands: ``curves[name] = (mean, lower, upper)`` (bands optional: ``(mean,)``)."""
+    x = np.asarray(x)
+    fig = go.Figure()
+    for name, values in curves.items():
+        c = color(name)
+        mean = np.asarray(values[0])
+        if len(values) == 3:
+            lo, hi = np.asarray(values[1]), np.asarray(values[2])
+            fig.add_trace(go.Scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([hi, lo[::-1]]),
+                                     fill="toself", fillcolor=_rgba(c, alpha), line=dict(width=0),
+                                     hoverinfo="skip", showlegend=False, legendgroup=name))
+        fig.add_trace(go.Scatter(x=x, y=mean, mode="lines", name=name, line=dict(color=c, width=2),
+                                 legendgroup=name))
+    fig.update_layout(title=title, xaxis_title=xaxis, yaxis_title=yaxis)
+    return fig
+
+
+def heatmap_grid(z: Mapping[str, np.ndarray], x: np.ndarray, y: np.ndarray, *, cols: int = 3, title: str = "",
+                 colorscale: str = "Viridis", zmin: float | None = None, zmax: float | None = None,
+                 points: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> go.Figure:
+    """One heatmap per entry of ``z`` (each ``[len(y), len(x)]``) on a shared colour scale, with optional
+    scatter ``points = (px, py, labels)`` drawn on every panel."""
+    from plotly.subplots import make_subplots
+
+    names = list(z)
+    rows = (len(names) + cols - 1) // cols
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=names, horizontal_spacing=0.04, vertical_spacing=0.1)
+    zmin = min(float(np.min(v)) for v in z.values()) if zmin is None else zmin
+    zmax = max(float(np.max(v)) for v in z.values()) if zmax is None else zmax
+    for k, name in enumerate(names):
+        r, c = k // cols + 1, k % cols + 1
+        fig.add_trace(go.Heatmap(z=z[name], x=x, y=y, colorscale=colorscale, zmin=zmin, zmax=zmax,
+                                 showscale=(k == 0)), row=r, col=c)
+        if points is not None:
+            px, py, labels = points
+            fig.add_trace(go.Scatter(x=px, y=py, mode="markers", showlegend=False,
+                                     marker=dict(size=4, color=labels, colorscale=[[0, "white"], [1, "black"]],
+                                                 line=dict(width=0.5, color="grey"))), row=r, col=c)
+    fig.update_layout(title=title, height=330 * rows)
+    return fig
+
+
+def scene3d(fig: go.Figure | None = None, *, title: str = "", aspect: str = "cube", height: int = 550) -> go.Figure:
+    """A 3-D figure with the book's scene defaults (equal axes, no background grid clutter)."""
+    fig = fig or go.Figure()
+    axis = dict(showbackground=False, zeroline=False)
+    fig.update_layout(title=title, height=height,
+                      scene=dict(aspectmode=aspect, xaxis=axis, yaxis=axis, zaxis=axis),
+                      margin=dict(l=0, r=0, t=40, b=0))
+    return fig
+
+
+def sphere_surface(radius: float = 1.0, n: int = 40, opacity: float = 0.25) -> go.Surface:
+    """A translucent sphere to draw points and curves on."""
+    u, v = np.meshgrid(np.linspace(0, 2 * np.pi, n), np.linspace(0, np.pi, n))
+    return go.Surface(x=radius * np.cos(u) * np.sin(v), y=radius * np.sin(u) * np.sin(v), z=radius * np.cos(v),
+                      opacity=opacity, showscale=False, colorscale=[[0, "#d0d7e1"], [1, "#d0d7e1"]],
+                      hoverinfo="skip")
+
+
+setup()
