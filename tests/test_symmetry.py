@@ -1,0 +1,232 @@
+"""Mathematics of wsbook.symmetry: group actions are symmetries, matching recovers planted elements,
+Sinkhorn is doubly stochastic, canonicalization is idempotent and function-preserving, barriers."""
+import pytest
+import torch
+
+from wsbook import symmetry as S
+from wsbook.nets import MLPSpec
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def _rel(spec, a, b, x):
+    return S.function_difference(spec, a, b, x).max().item()
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh", "sine", "gelu"])
+def test_permutation_preserves_function(activation):
+    g = _gen()
+    spec = MLPSpec((6, 24, 16, 8, 3), activation=activation, frequency=3.0)
+    theta = spec.init(5, generator=g)
+    x = torch.randn(64, 6, generator=g)
+    perms = S.random_permutation(spec, 5, g)
+    moved = S.permute(spec, theta, perms)
+    assert (moved - theta).abs().max() > 1e-2          # the weights really moved
+    assert _rel(spec, theta, moved, x) < 1e-5
+    back = S.permute(spec, moved, S.inverse_permutation(perms))
+    torch.testing.assert_close(back, theta)
+
+
+def test_permutation_broadcast_and_compose():
+    g = _gen(1)
+    spec = MLPSpec((4, 8, 8, 2))
+    theta = spec.init(1, generator=g)
+    p1, p2 = S.random_permutation(spec, 3, g), S.random_permutation(spec, 3, g)
+    twice = S.permute(spec, S.permute(spec, theta, p1), p2)     # [1, D] broadcast over 3 elements
+    assert twice.shape == (3, spec.n_params)
+    torch.testing.assert_close(twice, S.permute(spec, theta, S.compose(p1, p2)))
+
+
+def test_relu_positive_scaling_and_sign_flips():
+    g = _gen(2)
+    x = torch.randn(64, 5, generator=g)
+    relu = MLPSpec((5, 32, 32, 4))
+    theta = relu.init(4, generator=g)
+    scaled = S.scale(relu, theta, S.random_scales(relu, 4, g))
+    assert _rel(relu, theta, scaled, x) < 1e-5
+    with pytest.raises(ValueError, match="positive"):
+        S.scale(relu, theta, [-torch.ones(4, 32), torch.ones(4, 32)])
+    for act in ("tanh", "sine"):
+        odd = MLPSpec((5, 32, 32, 4), activation=act, frequency=2.0)
+        th = odd.init(4, generator=g)
+        flipped = S.flip_signs(odd, th, S.random_signs(odd, 4, g))
+        assert _rel(odd, th, flipped, x) < 1e-5
+        # a tanh network is not invariant to positive rescaling: the check refuses it, and it changes outputs
+        with pytest.raises(ValueError, match="sign flips"):
+            S.scale(odd, th, S.random_scales(odd, 4, g))
+        assert _rel(odd, th, S.scale(odd, th, S.random_scales(odd, 4, g), check=False), x) > 1e-2
+
+
+def test_soft_action_with_one_hot_equals_permute():
+    g = _gen(3)
+    spec = MLPSpec((3, 10, 7, 2))
+    theta = spec.init(2, generator=g)
+    perms = S.random_permutation(spec, 2, g)
+    hard = [torch.nn.functional.one_hot(p, p.shape[1]).float() for p in perms]
+    torch.testing.assert_close(S.permute_soft(spec, theta, hard), S.permute(spec, theta, perms))
+
+
+@pytest.mark.parametrize("widths", [(8, 64, 5), (8, 32, 32, 5), (8, 48, 40, 32, 5), (8, 256, 128, 64, 32, 5)])
+def test_weight_matching_recovers_planted_permutation(widths):
+    g = _gen(4)
+    spec = MLPSpec(widths)
+    ref = spec.init(1, generator=g)
+    perms = S.random_permutation(spec, 3, g)
+    zoo = S.permute(spec, ref, perms) + 1e-4 * torch.randn(3, spec.n_params, generator=g)
+    found, aligned, info = S.weight_matching(spec, ref, zoo, return_info=True)
+    inverse = S.inverse_permutation(perms)
+    for f, inv in zip(found, inverse):
+        assert torch.equal(f, inv)
+    assert (aligned - ref).abs().max() < 1e-3 and info["converged"]
+
+
+@pytest.mark.parametrize("widths", [(6, 64, 4), (6, 48, 32, 4), (6, 64, 48, 32, 4), (6, 256, 64, 32, 32, 4)])
+def test_activation_matching_recovers_planted_permutation(widths):
+    g = _gen(5)
+    spec = MLPSpec(widths, activation="tanh")   # no dead units, so every neuron is identifiable from data
+    ref = spec.init(1, "kaiming_normal", generator=g)
+    x = torch.randn(512, widths[0], generator=g)
+    perms = S.random_permutation(spec, 3, g)
+    zoo = S.permute(spec, ref, perms)
+    found, aligned = S.activation_matching(spec, ref, zoo, x, batch_size=100)   # streamed in 6 batches
+    for f, inv in zip(found, S.inverse_permutation(perms)):
+        assert torch.equal(f, inv)
+    assert (aligned - ref).abs().max() < 1e-6
+
+
+def test_activation_matching_relu_live_neurons():
+    g = _gen(6)
+    spec = MLPSpec((6, 64, 64, 3))
+    ref = spec.init(1, "kaiming_normal", generator=g)
+    x = torch.randn(1024, 6, generator=g)
+    perms = S.random_permutation(spec, 2, g)
+    found, aligned = S.activation_matching(spec, ref, S.permute(spec, ref, perms), x)
+    _, hidden = spec.forward(ref, x, return_hidden=True)
+    for f, inv, h in zip(found, S.inverse_permutation(perms), hidden):
+        live = h[0].std(0) > 0        # dead ReLUs are indistinguishable by their (zero) activations
+        assert live.sum() > 0.8 * live.numel()
+        assert torch.equal(f[:, live], inv[:, live])
+    assert _rel(spec, ref, aligned, x) < 1e-5
+
+
+@pytest.mark.parametrize("activation", ["tanh", "sine"])
+def test_sign_aware_matching_recovers_permutation_and_signs(activation):
+    g = _gen(7)
+    spec = MLPSpec((2, 64, 64, 32, 1), activation=activation, frequency=3.0)
+    ref = spec.init(1, generator=g)
+    perms, signs = S.random_permutation(spec, 4, g), S.random_signs(spec, 4, g)
+    zoo = S.flip_signs(spec, S.permute(spec, ref, perms), signs)
+    _, _, aligned = S.sign_aware_weight_matching(spec, ref, zoo)
+    assert (aligned - ref).abs().max() < 1e-6
+    x = torch.rand(400, 2, generator=g) * 2 - 1
+    _, _, aligned_am = S.activation_matching(spec, ref, zoo, x, signs=True)
+    assert (aligned_am - ref).abs().max() < 1e-6
+    # plain weight matching cannot undo the flips
+    assert (S.weight_matching(spec, ref, zoo)[1] - ref).abs().max() > 1e-2
+
+
+def test_variational_matching_recovers_permutation_of_means_and_stds():
+    g = _gen(8)
+    spec = MLPSpec((5, 32, 32, 3))
+    mean, std = spec.init(1, generator=g), 0.05 + 0.1 * torch.rand(1, spec.n_params, generator=g)
+    perms = S.random_permutation(spec, 2, g)
+    _, m, s = S.variational_matching(spec, mean, std, S.permute(spec, mean, perms), S.permute(spec, std, perms))
+    torch.testing.assert_close(m, mean.expand(2, -1))
+    torch.testing.assert_close(s, std.expand(2, -1))
+
+
+def test_sinkhorn_is_doubly_stochastic_and_matching_recovers():
+    g = _gen(9)
+    P = S.sinkhorn(torch.randn(3, 20, 20, generator=g) * 3, n_iter=200)
+    torch.testing.assert_close(P.sum(1), torch.ones(3, 20), atol=1e-4, rtol=0)
+    torch.testing.assert_close(P.sum(2), torch.ones(3, 20), atol=1e-4, rtol=0)
+    assert (P >= 0).all()
+    spec = MLPSpec((4, 16, 16, 2))
+    ref = spec.init(1, generator=g)
+    perms = S.random_permutation(spec, 2, g)
+    found, aligned = S.sinkhorn_matching(spec, ref, S.permute(spec, ref, perms), loss="l2", steps=150, lr=0.1)
+    assert (aligned - ref).abs().max() < 1e-6
+    # initialised from the right answer, zero steps return it unchanged
+    _, same = S.sinkhorn_matching(spec, ref, S.permute(spec, ref, perms), steps=0,
+                                  init=S.inverse_permutation(perms))
+    assert (same - ref).abs().max() < 1e-6
+
+
+def test_canonicalization_idempotent_and_function_preserving():
+    g = _gen(10)
+    spec = MLPSpec((5, 32, 24, 3))
+    x = torch.randn(100, 5, generator=g)
+    theta = S.scale(spec, spec.init(4, generator=g), S.random_scales(spec, 4, g))
+    for ref in (None, spec.init(1, generator=g)):
+        c = S.canonicalize(spec, theta, ref, task="regression")
+        assert _rel(spec, theta, c, x) < 1e-5
+        torch.testing.assert_close(S.canonicalize(spec, c, ref, task="regression"), c, atol=1e-6, rtol=1e-5)
+    c = S.canonicalize(spec, theta, task="classification")
+    assert torch.equal(spec.forward(c, x).argmax(-1), spec.forward(theta, x).argmax(-1))
+    # a rescaled and permuted copy lands on the same canonical point
+    other = S.permute(spec, S.scale(spec, theta, S.random_scales(spec, 4, g)), S.random_permutation(spec, 4, g))
+    torch.testing.assert_close(S.canonicalize(spec, other, task="classification"), c, atol=1e-5, rtol=1e-4)
+
+
+def test_sphere_blocks_round_trip_and_distance():
+    g = _gen(11)
+    spec = MLPSpec((5, 16, 8, 3))
+    blocks, index = S.sphere_blocks(spec)
+    assert blocks == [("sphere", 16, 6), ("sphere", 8, 17), ("sphere", 1, 27)]
+    assert sorted(index.tolist()) == list(range(spec.n_params))
+    c = S.canonicalize(spec, spec.init(3, generator=g))
+    pts = S.to_spheres(spec, c)
+    start = 0
+    for _, n, d in blocks:
+        torch.testing.assert_close(pts[:, start:start + n * d].view(3, n, d).norm(dim=2), torch.ones(3, n))
+        start += n * d
+    torch.testing.assert_close(S.from_spheres(spec, pts), c)
+    assert S.sphere_distance(spec, c, c).abs().max() < 1e-5
+    assert (S.sphere_distance(spec, c[:1], c[1:]) > 0.1).all()
+    with pytest.raises(ValueError, match="not canonical"):
+        S.to_spheres(spec, spec.init(1, generator=g))
+    from wsbook.manifolds import Product
+    product = Product.from_blocks(blocks)
+    torch.testing.assert_close(product.projx(pts), pts, atol=1e-5, rtol=1e-5)
+
+
+def test_barrier_of_network_with_itself_is_zero():
+    g = _gen(12)
+    spec = MLPSpec((4, 16, 3))
+    theta = spec.init(3, generator=g)
+    x, y = torch.randn(50, 4, generator=g), torch.randint(0, 3, (50,), generator=g)
+    out = S.connectivity(spec, theta, theta, x, y)
+    assert out["loss"].shape == (3, 25)
+    assert out["barrier"].abs().max() < 1e-6 and out["auc"].abs().max() < 1e-6
+    # a concave bump has the known barrier and AUC
+    lam = torch.linspace(0, 1, 101)
+    bump = (1 + lam * (1 - lam)).unsqueeze(0)
+    assert abs(S.barrier(bump, lam).item() - 0.25) < 1e-6
+    assert abs(S.auc(bump, lam).item() - 1 / 6) < 1e-3
+
+
+def test_gaussian_paths():
+    g = _gen(13)
+    spec = MLPSpec((4, 16, 3))
+    mean, std = spec.init(2, generator=g), torch.full((2, spec.n_params), 0.01)
+    x, y = torch.randn(40, 4, generator=g), torch.randint(0, 3, (40,), generator=g)
+    w = S.gaussian_interpolation_curve(spec, mean[:1], std[:1], mean[:1], std[:1], x, y, n_samples=8)
+    assert (w["loss"] - w["loss"][:, :1]).abs().max() < 1e-5          # same Gaussian: a flat path
+    mix = S.gaussian_interpolation_curve(spec, mean[:1], std[:1], mean[1:], std[1:], x, y, path="mixture")
+    assert S.barrier(mix).item() <= 1e-6        # NLL of a mixture is convex along the mixture path
+
+
+def test_mismatched_architectures_raise():
+    a, b = MLPSpec((4, 16, 3)), MLPSpec((4, 8, 3))
+    with pytest.raises(ValueError, match=r"shape \[B, 131\].*got \(1, 67\)"):
+        S.weight_matching(a, a.init(1), b.init(1))
+    with pytest.raises(ValueError, match="one entry per hidden layer"):
+        S.permute(a, a.init(1), [torch.arange(16), torch.arange(3)])
+    with pytest.raises(ValueError, match=r"must be \[B, 16\]"):
+        S.permute(a, a.init(1), [torch.arange(8)])
+    with pytest.raises(ValueError, match="architectures differ"):
+        S.check_same_architecture(a, b)
+    with pytest.raises(ValueError, match="references"):
+        S.weight_matching(a, a.init(2), a.init(3))
