@@ -5,6 +5,8 @@ Every metric also accepts leading batch dimensions (``[..., N, C]`` -> ``[...]``
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -79,3 +81,77 @@ def total_variation(p: Tensor, q: Tensor) -> Tensor:
     """Mean total variation ``(1/N) sum_n (1/2) sum_c |p_nc - q_nc|`` (Izmailov et al., 2021)."""
     _check(p)
     return 0.5 * (p - q).abs().sum(-1).mean(-1)
+
+
+# ------------------------------------------------------------------ regression
+def rmse(mean: Tensor, y: Tensor) -> Tensor:
+    """Root mean squared error of a predictive mean ``[..., N]`` (or ``[..., N, 1]``) against targets ``[N]``."""
+    if mean.dim() >= 2 and mean.shape[-1] == 1 and mean.shape[-2] == y.reshape(-1).shape[0]:
+        mean = mean.squeeze(-1)
+    y = y.reshape(-1)
+    if mean.shape[-1] != y.shape[0]:
+        raise ValueError(f"predictive mean has {mean.shape[-1]} points but y has {y.shape[0]}")
+    return ((mean - y) ** 2).mean(-1).sqrt()
+
+
+def gaussian_nll(means: Tensor, y: Tensor, noise_std: float | Tensor, variances: Tensor | None = None) -> Tensor:
+    """Negative log predictive density of the equal-weight Gaussian mixture
+    ``(1/B) sum_b N(y; mu_b(x), sigma^2 + v_b(x))``, averaged over points: ``means`` is ``[B, N]`` (or
+    ``[B, N, 1]``), ``variances`` optional per-member function variances (e.g. a linearized Laplace)."""
+    if means.dim() == 3 and means.shape[-1] == 1:
+        means = means.squeeze(-1)
+    if variances is not None and variances.dim() == 3 and variances.shape[-1] == 1:
+        variances = variances.squeeze(-1)
+    y = y.reshape(-1)
+    if means.dim() != 2 or means.shape[1] != y.shape[0]:
+        raise ValueError(f"means must be [B, N={y.shape[0]}]; got {tuple(means.shape)}")
+    var = torch.as_tensor(noise_std, dtype=means.dtype, device=means.device) ** 2
+    var = var.reshape(-1, 1) if var.dim() == 1 else var
+    if variances is not None:
+        var = var + variances
+    var = var.expand_as(means)
+    logp = -0.5 * ((y - means) ** 2 / var + torch.log(2 * torch.pi * var))
+    return -(torch.logsumexp(logp, 0) - torch.log(torch.tensor(float(means.shape[0])))).mean()
+
+
+# ------------------------------------------------------------- chain diagnostics
+def _split(draws: Tensor) -> Tensor:
+    """``[S, C, ...] -> [S//2, 2C, ...]``: each chain's two halves as separate chains (Gelman et al., 2013)."""
+    if draws.dim() < 2 or draws.shape[0] < 4:
+        raise ValueError(f"draws must be [S >= 4, C, ...] (draws, chains, ...); got {tuple(draws.shape)}")
+    half = draws.shape[0] // 2
+    return torch.cat([draws[:half], draws[draws.shape[0] - half:]], dim=1)
+
+
+def split_rhat(draws: Tensor) -> Tensor:
+    """Split-R-hat of every scalar in ``draws [S, C, ...]`` (draws, chains, then any shape): ``[...]``.
+
+    Applied to network outputs ``f(x)`` this is the function-space R-hat of Izmailov et al. (2021).
+    """
+    x = _split(draws.to(torch.float64))
+    n = x.shape[0]
+    chain_mean = x.mean(0)
+    w = x.var(0, unbiased=True).mean(0)
+    b = n * chain_mean.var(0, unbiased=True)
+    var_plus = (n - 1) / n * w + b / n
+    return torch.sqrt(var_plus / w.clamp_min(1e-300))
+
+
+def ess(draws: Tensor) -> Tensor:
+    """Effective sample size of every scalar in ``draws [S, C, ...]`` across split chains, from the
+    multi-chain autocorrelation truncated at the first negative sum of consecutive pairs (Geyer, 1992;
+    Gelman et al., 2013, sec. 11.5): ``[...]``."""
+    x = _split(draws.to(torch.float64))
+    n, m = x.shape[0], x.shape[1]
+    centered = x - x.mean(0)
+    fft = torch.fft.rfft(centered, n=2 * n, dim=0)
+    acov = torch.fft.irfft(fft * fft.conj(), n=2 * n, dim=0)[:n] / n          # [n, m, ...] biased autocov
+    w = x.var(0, unbiased=True).mean(0)
+    var_plus = (n - 1) / n * w + x.mean(0).var(0, unbiased=True)
+    rho = 1 - (w - acov.mean(1)) / var_plus.clamp_min(1e-300)               # [n, ...]
+    rho[0] = 1.0
+    n_pairs = n // 2
+    pairs = rho[:2 * n_pairs].reshape(n_pairs, 2, *rho.shape[1:]).sum(1)     # [n_pairs, ...]
+    keep = torch.cumprod((pairs > 0).to(pairs.dtype), 0)
+    tau = -1 + 2 * (pairs * keep).sum(0)
+    return (m * n / tau.clamp_min(1.0 / (m * n))).clamp_max(m * n * math.log10(m * n))

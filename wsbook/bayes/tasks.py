@@ -1,0 +1,244 @@
+"""Named posterior-inference tasks and cached posterior sample sets for every inference method.
+
+``posterior_samples(task, method, n)`` returns ``[n, D]`` weight samples (cached through :mod:`wsbook.cache`);
+``posterior_run(task, method, n)`` returns them with wall time, diagnostics and the network outputs on the
+task's test inputs (and plotting grid), computed with the method's own predictive (the linearized one for
+Laplace). The flow chapters read their targets from here.
+"""
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from wsbook import config, data
+from wsbook.bayes.laplace import fit_laplace
+from wsbook.bayes.mcmc import hmc, sghmc, sgld
+from wsbook.bayes.metrics import split_rhat, ess
+from wsbook.bayes.model import GaussianPrior, LogPosterior
+from wsbook.bayes.optim import deep_ensemble, fit_map, sgd_trajectory
+from wsbook.bayes.vi import fit_vi
+from wsbook.cache import cached
+from wsbook.nets import MLPSpec
+
+METHODS = ("hmc", "sgd_trajectory", "ensemble", "vi", "laplace", "sgld", "sghmc", "map")
+
+
+@dataclass(frozen=True)
+class Task:
+    """A data set, an architecture, a prior and a likelihood: everything that defines a posterior."""
+
+    name: str
+    dataset: str
+    widths: tuple[int, ...]
+    activation: str = "relu"
+    prior_std: float = 1.0
+    likelihood: str = "categorical"
+    noise_std: float = 1.0        # regression: observation noise in standardized units
+    batch_size: int | None = 64   # minibatch of the stochastic methods
+
+    @property
+    def spec(self) -> MLPSpec:
+        return MLPSpec(self.widths, activation=self.activation)
+
+    def data(self) -> data.Dataset:
+        return data.load(self.dataset)
+
+    def log_posterior(self, dtype: torch.dtype = torch.float32, temperature: float = 1.0) -> LogPosterior:
+        """The task's :class:`LogPosterior` on its training split."""
+        ds = self.data()
+        y = ds.y_train if self.likelihood == "categorical" else ds.y_train.to(dtype)
+        return LogPosterior(self.spec, ds.x_train.to(dtype), y, GaussianPrior(self.prior_std), self.likelihood,
+                            noise_std=self.noise_std, temperature=temperature)
+
+    def grid(self) -> Tensor | None:
+        """Plotting inputs for 1-D / 2-D tasks (``None`` otherwise)."""
+        if self.widths[0] == 1:
+            return torch.linspace(-2.6, 2.6, 200).unsqueeze(1)
+        if self.widths[0] == 2:
+            g = torch.linspace(-3.0, 3.0, 60)
+            xx, yy = torch.meshgrid(g, g, indexing="xy")
+            return torch.stack([xx.reshape(-1), yy.reshape(-1)], 1)
+        return None
+
+
+TASKS: dict[str, Task] = {
+    "breast_cancer": Task("breast_cancer", "breast_cancer", (30, 16, 16, 2)),
+    "digits": Task("digits", "digits", (64, 16, 10), batch_size=128),
+    "mnist5k": Task("mnist5k", "mnist5k", (784, 10, 10), batch_size=128),
+    "moons": Task("moons", "moons", (2, 16, 16, 2)),
+    "gap1d": Task("gap1d", "gap1d", (1, 32, 32, 1), likelihood="gaussian", noise_std=0.1, batch_size=None),
+}
+
+
+def get_task(task: str | Task) -> Task:
+    """Look up a task by name (one of :data:`TASKS`)."""
+    if isinstance(task, Task):
+        return task
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; available: {', '.join(TASKS)}")
+    return TASKS[task]
+
+
+def settings(method: str) -> dict:
+    """The per-scale sizes of every method (the one place they are chosen)."""
+    s = config.by_scale
+    return {
+        "hmc": dict(chains=s(8, 32, 64), warmup=s(60, 300, 1000), leapfrog=s(10, 30, 100), thin=s(1, 2, 5),
+                    map_steps=s(150, 300, 1000)),
+        "sgld": dict(chains=s(4, 8, 16), burnin=s(300, 2000, 10000), thin=s(5, 20, 50), lr=None),
+        "sghmc": dict(chains=s(4, 8, 16), burnin=s(300, 2000, 10000), thin=s(5, 20, 50), lr=None),
+        "ensemble": dict(steps=s(400, 2000, 5000), lr=1e-2),
+        "map": dict(steps=s(400, 2000, 5000), lr=1e-2),
+        "sgd_trajectory": dict(runs=s(4, 16, 100), steps=s(400, 2000, 5000), lr=1e-2),
+        "vi": dict(steps=s(600, 4000, 20000), lr=1e-2, n_mc=s(2, 4, 8)),
+        "laplace": dict(steps=s(400, 2000, 5000), lr=1e-2),
+    }[method]
+
+
+def _outputs(spec: MLPSpec, theta: Tensor, x: Tensor, chunk: int = 256) -> Tensor:
+    """Network outputs ``[n, N, out]`` for ``n`` weight samples, in chunks of samples."""
+    with torch.no_grad():
+        return torch.cat([spec.forward(theta[i:i + chunk].to(x.dtype), x) for i in range(0, theta.shape[0], chunk)])
+
+
+def _run(t: Task, method: str, n: int, seed: int) -> dict:
+    gen = torch.Generator().manual_seed(seed * 1000 + zlib.crc32(f"{t.name}/{method}".encode()) % 1000)
+    lp = t.log_posterior()
+    ds = t.data()
+    spec = t.spec
+    cfg = settings(method)
+    out: dict = {"task": t.name, "method": method}
+    start = time.perf_counter()
+    f_test = f_grid = None
+    if method in ("ensemble", "map"):
+        members = n if method == "ensemble" else 1
+        res = deep_ensemble(lp, members, steps=cfg["steps"], lr=cfg["lr"], batch_size=t.batch_size, generator=gen)
+        theta = res.theta.expand(n, -1).contiguous() if method == "map" else res.theta
+    elif method == "sgd_trajectory":
+        runs = min(cfg["runs"], n)
+        per = math.ceil(n / runs)
+        theta = sgd_trajectory(lp, runs, per, steps=cfg["steps"], lr=cfg["lr"], batch_size=t.batch_size,
+                               generator=gen)[:n]
+        out["n_chains"] = runs
+    elif method == "vi":
+        q = fit_vi(lp, n_members=1, steps=cfg["steps"], lr=cfg["lr"], batch_size=t.batch_size, n_mc=cfg["n_mc"],
+                   generator=gen)
+        theta = q.sample(n, gen)[0]
+        out["vi_mean_std"] = float(q.std.mean())
+    elif method == "laplace":
+        res = deep_ensemble(lp, 1, steps=cfg["steps"], lr=cfg["lr"], batch_size=t.batch_size, generator=gen)
+        la = fit_laplace(lp, res.theta, kind="full" if spec.n_params <= 3000 else "diag")
+        theta = la.sample(n, gen)[0]
+        f_test = la.glm_function_samples(ds.x_test, n, gen)[0]
+        if t.grid() is not None:
+            f_grid = la.glm_function_samples(t.grid().to(ds.x_test), n, gen)[0]
+        out["prior_precision"] = float(la.prior_precision[0])
+        out["kind"] = la.kind
+    elif method == "hmc":
+        C = cfg["chains"]
+        S = math.ceil(n / C)
+        start_points = deep_ensemble(lp, C, steps=cfg["map_steps"], lr=1e-2, batch_size=t.batch_size,
+                                     generator=gen).theta
+        step0 = 0.1 / math.sqrt(lp.n_data)
+        r = hmc(lp.to(torch.float64), start_points, n_samples=S, n_warmup=cfg["warmup"],
+                n_leapfrog=cfg["leapfrog"], step_size=step0, thin=cfg["thin"], generator=gen)
+        theta = r.samples.reshape(-1, spec.n_params)[:n].float()
+        out.update(n_chains=C, accept_rate=float(r.accept_rate.mean()), step_size=float(r.step_size.mean()),
+                   n_divergent=int(r.n_divergent.sum()),
+                   n_divergent_after_warmup=int(r.info["n_divergent_after_warmup"]))
+    elif method in ("sgld", "sghmc"):
+        C = cfg["chains"]
+        S = math.ceil(n / C)
+        start_points = lp.init(C, generator=gen)
+        base = 0.5 / lp.n_data if method == "sgld" else 0.02 / lp.n_data
+        sampler = sgld if method == "sgld" else sghmc
+        r = sampler(lp, start_points, n_samples=S, n_burnin=cfg["burnin"], lr=base, batch_size=t.batch_size,
+                    thin=cfg["thin"], schedule="constant", generator=gen)
+        theta = r.samples.reshape(-1, spec.n_params)[:n]
+        out.update(n_chains=C, lr=base)
+    else:
+        raise ValueError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
+    out["seconds"] = time.perf_counter() - start
+    theta = theta.detach().float().contiguous()
+    out["theta"] = theta
+    out["f_test"] = _outputs(spec, theta, ds.x_test) if f_test is None else f_test.float()
+    if t.grid() is not None:
+        grid = t.grid().to(ds.x_test)
+        out["f_grid"] = _outputs(spec, theta, grid) if f_grid is None else f_grid.float()
+    if "n_chains" in out and method != "sgd_trajectory":
+        C = out["n_chains"]
+        S = n // C
+        if S >= 4:
+            f = out["f_test"][:S * C].view(S, C, *out["f_test"].shape[1:])
+            fs = torch.softmax(f, -1) if t.likelihood == "categorical" else f
+            out["rhat_median"] = float(split_rhat(fs).median())
+            out["ess_median"] = float(ess(fs).median())
+    return out
+
+
+@cached(version="1")
+def posterior_run(task: str, method: str, n: int, seed: int = 0) -> dict:
+    """Run ``method`` on ``task`` and keep ``n`` posterior samples (cached). Keys: ``theta [n, D]`` (for chain
+    methods draw-major: row ``s * n_chains + c``), ``f_test [n, N_test, out]`` and, for 1-D/2-D tasks,
+    ``f_grid [n, N_grid, out]`` (network outputs; for Laplace from the linearized predictive), ``seconds``
+    (wall time), and method diagnostics (acceptance, step size, divergences, function-space R-hat / ESS)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int; got {n!r}")
+    return _run(get_task(task), method, n, seed)
+
+
+def posterior_samples(task: str, method: str, n: int, seed: int = 0) -> Tensor:
+    """``n`` weight samples ``[n, D]`` of ``method``'s posterior for ``task`` (see :func:`posterior_run`),
+    laid out by ``TASKS[task].spec``. Methods: :data:`METHODS`; tasks: :data:`TASKS`."""
+    get_task(task)
+    return posterior_run(task, method, n, seed)["theta"]
+
+
+def predictive_from_outputs(f: Tensor, likelihood: str = "categorical") -> Tensor:
+    """Bayesian model average of sampled outputs ``[n, N, C]``: class probabilities ``[N, C]`` (eq. 2.1)."""
+    if likelihood != "categorical":
+        raise ValueError("predictive_from_outputs averages class probabilities; use the outputs directly "
+                         "for regression")
+    return torch.softmax(f, -1).mean(0)
+
+
+def compare_methods(task: str, methods: list[str], n: int, seed: int = 0, reference: str = "hmc") -> "object":
+    """One table (a pandas DataFrame, one row per method) of test accuracy, NLL, ECE, Brier, agreement and
+    total variation against the ``reference`` predictive (Izmailov et al., 2021), and wall time. A row
+    ``hmc vs hmc`` compares the two halves of the reference's chains with each other: the ceiling any method
+    can reach against a finite reference."""
+    import pandas as pd
+
+    from wsbook.bayes import metrics as M
+
+    t = get_task(task)
+    if t.likelihood != "categorical":
+        raise ValueError(f"compare_methods needs a classification task; {task!r} is regression")
+    y = t.data().y_test
+    ref_run = posterior_run(task, reference, n, seed)
+    p_ref = predictive_from_outputs(ref_run["f_test"])
+    rows = []
+    for method in methods:
+        run = ref_run if method == reference else posterior_run(task, method, n, seed)
+        p = predictive_from_outputs(run["f_test"])
+        rows.append(dict(method=method, accuracy=float(M.accuracy(p, y)), nll=float(M.nll(p, y)),
+                         ece=float(M.ece(p, y)), brier=float(M.brier(p, y)), agreement=float(M.agreement(p, p_ref)),
+                         tv=float(M.total_variation(p, p_ref)), seconds=float(run["seconds"])))
+    if "n_chains" in ref_run:
+        C = ref_run["n_chains"]
+        S = n // C
+        f = ref_run["f_test"][:S * C].view(S, C, *ref_run["f_test"].shape[1:])
+        pa, pb = (predictive_from_outputs(f[:, h].reshape(-1, *f.shape[2:])) for h in (slice(0, C // 2),
+                                                                                      slice(C // 2, C)))
+        rows.append(dict(method=f"{reference} vs {reference}", accuracy=float(M.accuracy(pa, y)),
+                         nll=float(M.nll(pa, y)), ece=float(M.ece(pa, y)), brier=float(M.brier(pa, y)),
+                         agreement=float(M.agreement(pa, pb)), tv=float(M.total_variation(pa, pb)),
+                         seconds=float(ref_run["seconds"]) / 2))
+    return pd.DataFrame(rows).set_index("method")
