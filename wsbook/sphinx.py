@@ -19,16 +19,49 @@ def _plotly_js() -> Path:
     return path
 
 
-def _copy_plotly(app, exc) -> None:
+def _finish_html(app, exc) -> None:
     if exc is None and app.builder.format == "html":
+        _dedupe_inline_scripts(Path(app.outdir))
         static = Path(app.outdir) / "_static"
         static.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(_plotly_js(), static / "plotly.min.js")
+
+
+def _dedupe_inline_scripts(outdir: Path) -> None:
+    # jupyter-book 1.x emits sphinx-thebe's inline config twice in every page's <head>, which throws
+    # "Identifier 'THEBE_JS_URL' has already been declared"; keep the first copy of each inline script.
+    for page in outdir.rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        head_end = text.find("</head>")
+        if head_end < 0:
+            continue
+        seen, kept = set(), []
+        for line in text[:head_end].split("\n"):
+            key = line.strip()
+            if key.startswith("<script>") and key.endswith("</script>"):
+                if key in seen:
+                    continue
+                seen.add(key)
+            kept.append(line)
+        fixed = "\n".join(kept) + text[head_end:]
+        if fixed != text:
+            page.write_text(fixed, encoding="utf-8")
 
 
 def setup(app):
     # Keep plotly from reconfiguring the page's MathJax (it only needs MathJax for LaTeX labels).
     app.add_js_file(None, body="window.PlotlyConfig = {MathJaxConfig: 'local'};", priority=100)
     app.add_js_file("plotly.min.js", priority=101)
-    app.connect("build-finished", _copy_plotly)
+    app.connect("build-finished", _finish_html)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
+
+
+class PlotlyJSONRenderer:
+    """myst-nb MIME plugin: plotly's JSON bundle is for JupyterLab; in the book the ``text/html`` part of
+    the same output draws the figure, so the JSON part renders to nothing (instead of a warning)."""
+
+    mime_priority_overrides = [("*", "application/vnd.plotly.v1+json", None)]
+
+    @staticmethod
+    def handle_mime(renderer, data, inline):
+        return [] if data.mime_type == "application/vnd.plotly.v1+json" else None
