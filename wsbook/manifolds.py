@@ -85,7 +85,7 @@ class Manifold:
 
     # --- base distribution -----------------------------------------------------------------------------
     def random_base(self, *shape: int, generator: torch.Generator | None = None,
-                    device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
+                    device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Tensor:
         """Samples ``[*shape, dim]`` of the base distribution (uniform on spheres, N(0, I) on Euclidean parts)."""
         raise NotImplementedError
 
@@ -170,7 +170,7 @@ class Euclidean(Manifold):
         return torch.cdist(x, y) ** 2
 
     def random_base(self, *shape: int, generator: torch.Generator | None = None,
-                    device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
+                    device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Tensor:
         return torch.randn(*shape, self.dim, generator=generator, dtype=dtype, device=device)
 
     def base_logprob(self, x: Tensor) -> Tensor:
@@ -230,7 +230,7 @@ class Sphere(Manifold):
         return torch.arccos((x @ y.T).clamp(-1, 1)) ** 2
 
     def random_base(self, *shape: int, generator: torch.Generator | None = None,
-                    device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
+                    device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Tensor:
         return self.projx(torch.randn(*shape, self.dim, generator=generator, dtype=dtype, device=device))
 
     random_uniform = random_base
@@ -382,7 +382,7 @@ class Product(Manifold):
         return total
 
     def random_base(self, *shape: int, generator: torch.Generator | None = None,
-                    device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
+                    device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Tensor:
         z = torch.randn(*shape, self.dim, generator=generator, dtype=dtype, device=device)
         return self.projx(z)
 
@@ -394,7 +394,7 @@ class Product(Manifold):
         return total
 
     def random_uniform(self, *shape: int, generator: torch.Generator | None = None,
-                       device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
+                       device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Tensor:
         """Uniform samples on a product of spheres (raises if there is a Euclidean block)."""
         self._require_compact()
         return self.random_base(*shape, generator=generator, device=device, dtype=dtype)

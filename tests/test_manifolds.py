@@ -1,0 +1,126 @@
+"""Identities of wsbook.manifolds: exp/log inverse, distances, tangency, transport, checks."""
+import math
+
+import pytest
+import torch
+
+from wsbook.manifolds import Euclidean, Product, Sphere
+
+
+
+@pytest.fixture(autouse=True)
+def float64():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+def manifolds():
+    return [Euclidean(5), Sphere(3), Sphere(7),
+            Product.from_blocks([("sphere", 50, 3), ("sphere", 4, 5), ("euclidean", 1, 6)])]
+
+
+def tangent(m, x, g, scale=0.8):
+    u = m.proju(x, torch.randn(x.shape, generator=g))
+    if not isinstance(m, Euclidean):   # keep each factor's step below pi so log(exp) is the identity
+        u = u / m.norm(x, u).unsqueeze(-1).clamp_min(1e-9) * scale * torch.rand(x.shape[0], 1, generator=g)
+        if isinstance(m, Product):
+            u = m.proju(x, torch.randn(x.shape, generator=g)) * 0.3
+    return u
+
+
+@pytest.mark.parametrize("m", manifolds(), ids=repr)
+def test_exp_log_identities(m):
+    g = torch.Generator().manual_seed(0)
+    x, y = m.random_base(64, generator=g), m.random_base(64, generator=g)
+    u = tangent(m, x, g)
+    assert torch.allclose(m.logmap(x, m.expmap(x, u)), u, atol=1e-8)
+    assert torch.allclose(m.expmap(x, m.logmap(x, y)), y, atol=1e-8)
+    assert torch.allclose(m.dist(x, m.expmap(x, u)), m.norm(x, u), atol=1e-8)
+    assert m.logmap(x, x).abs().max() < 1e-10
+    assert m.dist(x, x).abs().max() == 0
+    assert m.belongs(m.expmap(x, u)).all() and m.is_tangent(x, m.logmap(x, y)).all()
+
+
+@pytest.mark.parametrize("m", manifolds(), ids=repr)
+def test_transport_preserves_norms_and_tangency(m):
+    g = torch.Generator().manual_seed(1)
+    x, y = m.random_base(32, generator=g), m.random_base(32, generator=g)
+    v, w = m.proju(x, torch.randn(x.shape, generator=g)), m.proju(x, torch.randn(x.shape, generator=g))
+    tv, tw = m.transp(x, y, v), m.transp(x, y, w)
+    assert torch.allclose(m.norm(y, tv), m.norm(x, v), atol=1e-8)
+    assert torch.allclose(m.inner(y, tv, tw), m.inner(x, v, w), atol=1e-8)
+    assert m.is_tangent(y, tv).all()
+
+
+def test_sphere_transport_moves_log_along_geodesic():
+    s, g = Sphere(3), torch.Generator().manual_seed(2)
+    x, y = s.random_base(16, generator=g), s.random_base(16, generator=g)
+    # the velocity of the geodesic at x, transported to y, is minus the log at y back to x
+    assert torch.allclose(s.transp(x, y, s.logmap(x, y)), -s.logmap(y, x), atol=1e-8)
+
+
+def test_sphere_distance_accurate_at_zero_and_antipode_and_finite_grad():
+    s = Sphere(3)
+    x = torch.tensor([[1.0, 0, 0]])
+    eps = 1e-7
+    y = s.projx(torch.tensor([[1.0, eps, 0]]))
+    assert abs(s.dist(x, y).item() - eps) < 1e-12
+    z = s.projx(torch.tensor([[-1.0, eps, 0]]))
+    assert abs(s.dist(x, z).item() - (math.pi - eps)) < 1e-9
+    xx = x.clone().requires_grad_(True)
+    s.dist(xx, x).sum().backward()
+    assert torch.isfinite(xx.grad).all()
+    xx.grad = None
+    s.logmap(xx, x).sum().backward()
+    assert torch.isfinite(xx.grad).all()
+
+
+def test_geodesic_interpolation_and_uniform_density():
+    s, g = Sphere(3), torch.Generator().manual_seed(3)
+    x, y = s.random_base(20, generator=g), s.random_base(20, generator=g)
+    t = torch.rand(20, generator=g)
+    z = s.geodesic(x, y, t)
+    assert torch.allclose(s.dist(x, z), t * s.dist(x, y), atol=1e-8)
+    assert torch.allclose(s.dist(z, y), (1 - t) * s.dist(x, y), atol=1e-8)
+    assert torch.allclose(s.uniform_logprob(x), torch.full((20,), -math.log(4 * math.pi)))
+    p = Product.spheres(10, 3)
+    assert torch.allclose(p.uniform_logprob(p.random_uniform(4, generator=g)), torch.full((4,), -10 * math.log(4 * math.pi)))
+    # uniform samples: mean of the coordinates is near 0, second moment 1/3
+    u = s.random_uniform(20000, generator=g)
+    assert u.mean(0).abs().max() < 0.03 and (u.pow(2).mean(0) - 1 / 3).abs().max() < 0.02
+
+
+def test_product_matches_loop_over_factors_and_pairwise():
+    g = torch.Generator().manual_seed(4)
+    p = Product.from_blocks([("sphere", 30, 3), ("sphere", 2, 4), ("euclidean", 1, 3)])
+    assert p.dim == 30 * 3 + 8 + 3 and p.intrinsic_dim == 30 * 2 + 2 * 3 + 3
+    x, y = p.random_base(8, generator=g), p.random_base(8, generator=g)
+    s3, s4 = Sphere(3), Sphere(4)
+    d2 = sum(s3.dist(x[:, 3 * k:3 * k + 3], y[:, 3 * k:3 * k + 3]) ** 2 for k in range(30))
+    d2 = d2 + sum(s4.dist(x[:, 90 + 4 * k:94 + 4 * k], y[:, 90 + 4 * k:94 + 4 * k]) ** 2 for k in range(2))
+    d2 = d2 + ((x[:, 98:] - y[:, 98:]) ** 2).sum(-1)
+    assert torch.allclose(p.dist(x, y) ** 2, d2)
+    assert torch.allclose(p.pairwise_sqdist(x, y).diagonal(), d2)
+    assert torch.allclose(p.logmap(x, y)[:, :3], s3.logmap(x[:, :3], y[:, :3]))
+    assert torch.allclose(p.factor_dist(x, y, 0)[:, 5], s3.dist(x[:, 15:18], y[:, 15:18]))
+
+
+def test_bad_inputs_raise():
+    s = Sphere(3)
+    with pytest.raises(ValueError, match="on Sphere"):
+        s.check_point(torch.tensor([[2.0, 0, 0]]))
+    with pytest.raises(ValueError, match="last axis has size 3"):
+        s.check_point(torch.zeros(4, 5))
+    with pytest.raises(ValueError, match="tangent"):
+        s.check_vector(torch.tensor([[1.0, 0, 0]]), torch.tensor([[1.0, 0, 0]]))
+    p = Product.spheres(4, 3)
+    with pytest.raises(ValueError, match="last axis has size 12"):
+        p.expmap(torch.zeros(2, 12), torch.zeros(2, 11))
+    with pytest.raises(ValueError, match="kind"):
+        Product.from_blocks([("torus", 1, 2)])
+    with pytest.raises(ValueError, match="Euclidean block"):
+        Product.from_blocks([("sphere", 2, 3), ("euclidean", 1, 2)]).random_uniform(3)
+    with pytest.raises(ValueError):
+        Sphere(1)
