@@ -57,9 +57,11 @@ def gaussian_kl(mean: Tensor, std: Tensor, prior_std: Tensor) -> Tensor:
 
 def fit_vi(log_posterior: LogPosterior, *, n_members: int, steps: int, lr: float = 1e-2,
            batch_size: int | None = None, init_std: float = 1e-3, init_mean: Tensor | None = None,
-           n_mc: int = 1, generator: torch.Generator | None = None, progress: bool | None = None) -> MeanFieldPosterior:
+           n_mc: int = 1, anneal: bool = True, generator: torch.Generator | None = None,
+           progress: bool | None = None) -> MeanFieldPosterior:
     """Mean-field VI on a :class:`LogPosterior` (its Gaussian prior gives the analytic KL; its temperature
-    weights the KL). ``n_mc`` reparameterised samples per member and step. Returns a :class:`MeanFieldPosterior`.
+    weights the KL). ``n_mc`` reparameterised samples per member and step; with ``anneal`` the learning rate
+    follows a cosine schedule to zero, so the noisy ELBO gradients settle. Returns a :class:`MeanFieldPosterior`.
     """
     if n_members < 1 or steps < 1 or n_mc < 1:
         raise ValueError(f"n_members, steps and n_mc must be positive; got {n_members}, {steps}, {n_mc}")
@@ -77,6 +79,7 @@ def fit_vi(log_posterior: LogPosterior, *, n_members: int, steps: int, lr: float
     rho = torch.full_like(mu, math.log(math.expm1(init_std))).requires_grad_(True)
     prior_std = lp.prior.stds(spec, mu.device, mu.dtype)
     opt = torch.optim.Adam([mu, rho], lr=lr)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps) if anneal else None
     history = torch.empty(steps, n_members)
     state: dict = {}
     from tqdm.auto import trange
@@ -99,6 +102,8 @@ def fit_vi(log_posterior: LogPosterior, *, n_members: int, steps: int, lr: float
         opt.zero_grad(set_to_none=True)
         (-elbo.sum() / lp.n_data).backward()
         opt.step()
+        if sched is not None:
+            sched.step()
         history[step] = elbo.detach().cpu() / lp.n_data
     return MeanFieldPosterior(mean=mu.detach(), std=F.softplus(rho).detach(), spec=spec, elbo=history)
 
@@ -106,10 +111,11 @@ def fit_vi(log_posterior: LogPosterior, *, n_members: int, steps: int, lr: float
 def fit_mean_field(spec: MLPSpec, x: Tensor, y: Tensor, *, n_members: int, steps: int, lr: float = 1e-2,
                    prior_std: float = 1.0, likelihood: str = "categorical", batch_size: int | None = None,
                    init_std: float = 1e-3, generator: torch.Generator | None = None, progress: bool | None = None,
-                   noise_std: float = 1.0, temperature: float = 1.0, n_mc: int = 1) -> MeanFieldPosterior:
+                   noise_std: float = 1.0, temperature: float = 1.0, n_mc: int = 1,
+                   anneal: bool = True) -> MeanFieldPosterior:
     """Fit ``n_members`` independent mean-field Gaussian posteriors (Bayes by backprop, Blundell et al., 2015)
     to an MLP on ``(x, y)``, all batched. Result: ``.mean``, ``.std`` ``[n_members, D]``, ``.sample(n)``."""
     lp = LogPosterior(spec, x, y, GaussianPrior(prior_std), likelihood, noise_std=noise_std,
                       temperature=temperature)
     return fit_vi(lp, n_members=n_members, steps=steps, lr=lr, batch_size=batch_size, init_std=init_std,
-                  n_mc=n_mc, generator=generator, progress=progress)
+                  n_mc=n_mc, anneal=anneal, generator=generator, progress=progress)

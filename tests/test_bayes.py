@@ -1,0 +1,218 @@
+"""wsbook.bayes: samplers recover known posteriors, metrics match hand computations, bad input fails clearly."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from wsbook import bayes
+from wsbook.bayes import metrics as M
+from wsbook.nets import MLPSpec
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def linreg():
+    """Bayesian linear regression y = X w + N(0, sigma^2), w ~ N(0, s^2 I): exact Gaussian posterior."""
+    g = torch.Generator().manual_seed(1)
+    N, d, sigma, s = 40, 3, 0.5, 1.0
+    X = torch.randn(N, d, generator=g, dtype=torch.float64)
+    y = X @ torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64) + sigma * torch.randn(N, generator=g, dtype=torch.float64)
+    spec = MLPSpec((d, 1), bias=False)
+    lp = bayes.LogPosterior(spec, X, y[:, None], s, "gaussian", noise_std=sigma)
+    precision = X.T @ X / sigma**2 + torch.eye(d, dtype=torch.float64) / s**2
+    cov = torch.linalg.inv(precision)
+    mean = cov @ X.T @ y / sigma**2
+    return dict(spec=spec, lp=lp, mean=mean, cov=cov, X=X, y=y, sigma=sigma, s=s)
+
+
+def _check_moments(samples: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor, tol_mean: float, tol_std: float):
+    sd = cov.diag().sqrt()
+    est_mean, est_sd = samples.mean(0), samples.std(0)
+    assert ((est_mean - mean).abs() / sd).max() < tol_mean, (est_mean, mean)
+    assert ((est_sd / sd) - 1).abs().max() < tol_std, (est_sd, sd)
+
+
+def test_log_likelihood_matches_analytic_densities():
+    g = torch.Generator().manual_seed(0)
+    spec = MLPSpec((2, 3))
+    theta = spec.init(4, generator=g)
+    x = torch.randn(5, 2, generator=g)
+    y = torch.randint(0, 3, (5,), generator=g)
+    logits = spec.forward(theta, x)
+    expected = torch.distributions.Categorical(logits=logits).log_prob(y.expand(4, 5)).sum(1)
+    assert torch.allclose(bayes.log_likelihood(spec, theta, x, y), expected, atol=1e-5)
+    yr = torch.randn(5, 3, generator=g)
+    expected = torch.distributions.Normal(logits, 0.3).log_prob(yr).sum((1, 2))
+    assert torch.allclose(bayes.log_likelihood(spec, theta, x, yr, "gaussian", 0.3), expected, atol=1e-4)
+    prior = bayes.GaussianPrior((0.5, 2.0)) if spec.n_layers == 2 else bayes.GaussianPrior(0.5)
+    lp = prior.log_prob(spec, theta)
+    assert torch.allclose(lp, torch.distributions.Normal(0.0, 0.5).log_prob(theta).sum(1), atol=1e-4)
+
+
+def test_minibatch_log_posterior_is_unbiased_and_tempered(linreg):
+    lp = linreg["lp"]
+    theta = torch.randn(3, 3, dtype=torch.float64)
+    full = lp.log_likelihood(theta)
+    idx = torch.arange(40).view(4, 10)
+    per_batch = torch.stack([lp.log_likelihood(theta, idx[k]) for k in range(4)])
+    assert torch.allclose(per_batch.mean(0), full)
+    cold = bayes.LogPosterior(lp.spec, lp.x, lp.y, 1.0, "gaussian", noise_std=lp.noise_std, temperature=0.5)
+    assert torch.allclose(cold(theta), 2 * lp(theta))
+
+
+def test_hmc_recovers_conjugate_posterior(linreg):
+    r = bayes.hmc(linreg["lp"], torch.zeros(16, 3), n_samples=150, n_warmup=100, n_leapfrog=10, step_size=0.01,
+                  generator=torch.Generator().manual_seed(0), progress=False)
+    assert r.samples.shape == (150, 16, 3) and r.samples.dtype == torch.float64
+    assert 0.6 < r.accept_rate.mean() < 1.0
+    _check_moments(r.flat(), linreg["mean"], linreg["cov"], tol_mean=0.15, tol_std=0.1)
+    assert (bayes.split_rhat(r.samples) < 1.05).all()
+
+
+def test_sgld_and_sghmc_recover_conjugate_posterior(linreg):
+    g = torch.Generator().manual_seed(0)
+    lp = linreg["lp"]
+    r = bayes.sgld(lp, torch.zeros(16, 3, dtype=torch.float64), n_samples=400, n_burnin=300, lr=1e-3, thin=2,
+                   batch_size=20, schedule="constant", generator=g, progress=False)
+    _check_moments(r.flat(), linreg["mean"], linreg["cov"], tol_mean=0.25, tol_std=0.2)
+    r = bayes.sghmc(lp, torch.zeros(16, 3, dtype=torch.float64), n_samples=400, n_burnin=300, lr=1e-4,
+                    friction=0.1, thin=2, generator=g, progress=False)
+    _check_moments(r.flat(), linreg["mean"], linreg["cov"], tol_mean=0.25, tol_std=0.2)
+
+
+def test_vi_recovers_a_diagonal_gaussian_posterior():
+    # orthogonal design => the exact posterior is a diagonal Gaussian, which mean-field VI can represent exactly
+    g = torch.Generator().manual_seed(3)
+    N, d, sigma = 64, 4, 0.7
+    q, _ = torch.linalg.qr(torch.randn(N, d, generator=g, dtype=torch.float64))
+    X = q * torch.tensor([2.0, 4.0, 6.0, 8.0], dtype=torch.float64)
+    y = X @ torch.tensor([0.5, -1.0, 0.2, 0.3], dtype=torch.float64) + sigma * torch.randn(N, generator=g,
+                                                                                         dtype=torch.float64)
+    spec = MLPSpec((d, 1), bias=False)
+    lp = bayes.LogPosterior(spec, X, y[:, None], 1.0, "gaussian", noise_std=sigma)
+    prec = (X * X).sum(0) / sigma**2 + 1.0
+    mean, sd = (X.T @ y / sigma**2) / prec, prec.rsqrt()
+    post = bayes.fit_vi(lp, n_members=3, steps=3000, lr=2e-2, n_mc=8, init_std=0.1, generator=g, progress=False)
+    assert post.mean.shape == (3, d) and post.sample(5).shape == (3, 5, d)
+    assert ((post.mean - mean).abs() / sd).max() < 0.2
+    assert ((post.std / sd) - 1).abs().max() < 0.1
+
+
+def test_fit_mean_field_interface():
+    from wsbook import data
+
+    ds = data.load("moons")
+    spec = MLPSpec((2, 8, 2))
+    q = bayes.fit_mean_field(spec, ds.x_train, ds.y_train, n_members=3, steps=50, batch_size=32,
+                             generator=torch.Generator().manual_seed(0), progress=False)
+    assert q.mean.shape == q.std.shape == (3, spec.n_params)
+    assert (q.std > 0).all() and q.sample(4).shape == (3, 4, spec.n_params)
+    assert not torch.allclose(q.mean[0], q.mean[1])  # independent inits
+
+
+def test_laplace_on_linear_regression_is_exact(linreg):
+    lp = linreg["lp"]
+    fit = bayes.fit_map(lp, torch.zeros(2, 3, dtype=torch.float64), steps=1500, lr=0.05, progress=False)
+    assert torch.allclose(fit.theta[0], linreg["mean"], atol=1e-5)
+    la = bayes.fit_laplace(lp, fit.theta, tune_prior=False)
+    assert torch.allclose(la.covariance()[0], linreg["cov"], atol=1e-10)
+    # the Laplace evidence is the exact marginal likelihood log N(y; 0, sigma^2 I + s^2 X X^T) here
+    X, y, sigma, s = linreg["X"], linreg["y"], linreg["sigma"], linreg["s"]
+    marginal = torch.distributions.MultivariateNormal(torch.zeros(len(y), dtype=torch.float64),
+                                                      sigma**2 * torch.eye(len(y), dtype=torch.float64)
+                                                      + s**2 * X @ X.T).log_prob(y)
+    assert torch.allclose(la.log_evidence[0], marginal, atol=1e-6)
+    tuned = bayes.fit_laplace(lp, fit.theta)
+    assert tuned.log_evidence[0] >= la.log_evidence[0] - 1e-9
+    # the linearized predictive of a linear model is exact
+    f = la.glm_function_samples(X[:5], 4000, torch.Generator().manual_seed(0))[0, :, :, 0]
+    assert torch.allclose(f.var(0), (X[:5] @ linreg["cov"] * X[:5]).sum(1), rtol=0.1)
+
+
+def test_laplace_ggn_full_and_diag_agree_on_the_diagonal():
+    g = torch.Generator().manual_seed(0)
+    spec = MLPSpec((3, 4, 2))
+    theta = spec.init(2, generator=g)
+    x = torch.randn(7, 3, generator=g)
+    full, diag = bayes.ggn(spec, theta, x, "categorical"), bayes.ggn(spec, theta, x, "categorical", kind="diag")
+    assert torch.allclose(torch.diagonal(full, dim1=1, dim2=2), diag, atol=1e-6)
+    assert torch.linalg.eigvalsh(full).min() > -1e-5  # positive semi-definite
+
+
+def test_ensemble_members_are_independent_map_solutions():
+    from wsbook import data
+
+    ds = data.load("moons")
+    lp = bayes.LogPosterior(MLPSpec((2, 16, 2)), ds.x_train, ds.y_train, 1.0)
+    res = bayes.deep_ensemble(lp, 4, steps=200, lr=2e-2, generator=torch.Generator().manual_seed(0), progress=False)
+    assert (res.loss_history[-1] < res.loss_history[0]).all()
+    assert torch.cdist(res.theta, res.theta)[0, 1:].min() > 1.0
+
+
+# ------------------------------------------------------------------- metrics
+def test_ece_of_calibrated_predictions_is_near_zero():
+    g = torch.Generator().manual_seed(0)
+    conf = torch.rand(200_000, generator=g) * 0.5 + 0.5
+    correct = torch.rand(200_000, generator=g) < conf
+    y = torch.where(correct, 0, 1)
+    p = torch.stack([conf, 1 - conf], -1)
+    assert M.ece(p, y) < 0.01
+    assert M.ece(p, 1 - y) > 0.4  # and a miscalibrated one is far from zero
+
+
+def test_agreement_tv_and_nll_by_hand():
+    p = torch.tensor([[0.7, 0.3], [0.2, 0.8], [0.5, 0.5]])
+    assert M.agreement(p, p) == 1 and M.total_variation(p, p) == 0
+    q = torch.tensor([[0.4, 0.6], [0.2, 0.8], [0.9, 0.1]])
+    assert math.isclose(float(M.total_variation(p, q)), (0.3 + 0.0 + 0.4) / 3, rel_tol=1e-6)
+    y = torch.tensor([0, 1, 1])
+    assert math.isclose(float(M.nll(p, y)), -(math.log(0.7) + math.log(0.8) + math.log(0.5)) / 3, rel_tol=1e-6)
+    assert math.isclose(float(M.rmse(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 4.0]))), math.sqrt(2.0), rel_tol=1e-6)
+    # a one-member mixture is a plain Gaussian density
+    nll = M.gaussian_nll(torch.tensor([[0.0, 1.0]]), torch.tensor([0.5, 0.5]), 2.0)
+    assert math.isclose(float(nll), -float(torch.distributions.Normal(0.0, 2.0).log_prob(torch.tensor(0.5))), rel_tol=1e-6)
+
+
+def test_rhat_and_ess_detect_mixing():
+    g = torch.Generator().manual_seed(0)
+    iid = torch.randn(400, 4, 3, generator=g)
+    assert (bayes.split_rhat(iid) < 1.02).all()
+    assert (bayes.ess(iid) > 800).all()
+    stuck = iid + torch.tensor([0.0, 0.0, 5.0, 5.0]).view(1, 4, 1)
+    assert (bayes.split_rhat(stuck) > 1.5).all()
+    ar = torch.zeros(400, 4)
+    noise = torch.randn(400, 4, generator=g)
+    for t in range(1, 400):
+        ar[t] = 0.9 * ar[t - 1] + noise[t]
+    assert bayes.ess(ar) < 300
+
+
+# ----------------------------------------------------------------- bad input
+def test_bad_inputs_fail_clearly(linreg):
+    lp = linreg["lp"]
+    with pytest.raises(ValueError, match=r"\[B, 3\]"):
+        lp(torch.zeros(2, 5, dtype=torch.float64))
+    with pytest.raises(ValueError, match="must map theta"):
+        bayes.hmc(lambda t: lp(t).sum(), torch.zeros(2, 3, dtype=torch.float64), n_samples=2, progress=False)
+    with pytest.raises(ValueError, match="unknown task"):
+        bayes.posterior_samples("imagenet", "hmc", 4)
+    with pytest.raises(ValueError, match="unknown method"):
+        bayes.posterior_samples("breast_cancer", "gibbs", 4)
+    with pytest.raises(ValueError, match="unknown likelihood"):
+        bayes.LogPosterior(lp.spec, lp.x, lp.y, 1.0, "poisson")
+
+
+def test_non_finite_energy_is_rejected_and_counted():
+    def log_post(theta):  # a standard normal that blows up (NaN) for |theta| > 2
+        lp = -0.5 * (theta**2).sum(1)
+        return torch.where(theta.abs().max(1).values > 2.0, torch.full_like(lp, float("nan")), lp)
+
+    with pytest.warns(RuntimeWarning, match="divergent"):
+        r = bayes.hmc(log_post, torch.zeros(8, 2), n_samples=100, n_warmup=0, n_leapfrog=5, step_size=0.8,
+                      generator=torch.Generator().manual_seed(0), progress=False)
+    assert r.n_divergent.sum() > 0
+    assert r.samples.abs().max() <= 2.0  # no NaN state was ever accepted
+    assert torch.isfinite(r.log_prob).all()
