@@ -242,3 +242,28 @@ def compare_methods(task: str, methods: list[str], n: int, seed: int = 0, refere
                          agreement=float(M.agreement(pa, pb)), tv=float(M.total_variation(pa, pb)),
                          seconds=float(ref_run["seconds"]) / 2))
     return pd.DataFrame(rows).set_index("method")
+
+
+def chain_modes(task: str, n: int, seed: int = 0, method: str = "hmc") -> dict:
+    """Where each chain of a chain-based run sits: per-chain test accuracy and NLL of its own model average,
+    the mean distance between samples of one chain, and between the means of different chains (all in
+    weight space). Different chains in different modes show up as between-chain distances far above the
+    within-chain spread, with the same predictive quality (thesis 000, sec. 2.4)."""
+    from wsbook.bayes import metrics as M
+
+    run = posterior_run(task, method, n, seed)
+    if "n_chains" not in run or method == "sgd_trajectory":
+        raise ValueError(f"{method!r} runs have no chains to compare")
+    C = run["n_chains"]
+    S = n // C
+    theta = run["theta"][:S * C].view(S, C, -1)
+    f = run["f_test"][:S * C].view(S, C, *run["f_test"].shape[1:])
+    y = get_task(task).data().y_test
+    p = torch.softmax(f, -1).mean(0)                                       # [C, N, K]
+    means = theta.mean(0)
+    within = (theta - means).pow(2).sum(-1).sqrt().mean()
+    between = torch.cdist(means, means)
+    off = between[~torch.eye(C, dtype=torch.bool, device=between.device)]
+    return dict(chain_accuracy=M.accuracy(p, y), chain_nll=M.nll(p, y), within=float(within),
+                between=float(off.mean()), between_min=float(off.min()),
+                pairwise_agreement=M.agreement(p.unsqueeze(0), p.unsqueeze(1)))
