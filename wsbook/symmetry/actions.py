@@ -99,7 +99,7 @@ def permute(spec: MLPSpec, theta: Tensor, perms: Element) -> Tensor:
 
 
 def permute_soft(spec: MLPSpec, theta: Tensor, matrices: Sequence[Tensor]) -> Tensor:
-    """Apply (soft) permutation matrices ``[B, w, w]`` by einsum: ``W_l <- P_l W_l P_{l-1}^T``, ``b_l <- P_l b_l``
+    """Apply (soft) permutation matrices ``[B, w, w]`` by batched products: ``W_l <- P_l W_l P_{l-1}^T``, ``b_l <- P_l b_l``
     (the relaxed action used by Sinkhorn re-basin, Pena et al., 2023). Hard one-hot matrices give :func:`permute`."""
     theta = spec.check(theta)
     sym = symmetry_spec(spec)
@@ -111,11 +111,11 @@ def permute_soft(spec: MLPSpec, theta: Tensor, matrices: Sequence[Tensor]) -> Te
             raise ValueError(f"matrix for hidden layer {g.index} must be [B, {g.width}, {g.width}]; got {tuple(P.shape)}")
         for ax in g.axes:
             if ax.kind == "b":
-                bs[ax.layer] = torch.einsum("bij,bj->bi", P, bs[ax.layer])
+                bs[ax.layer] = (P @ bs[ax.layer].unsqueeze(2)).squeeze(2)        # einsum bij,bj->bi
             elif ax.dim == 0:
-                ws[ax.layer] = torch.einsum("bij,bjk->bik", P, ws[ax.layer])
+                ws[ax.layer] = P @ ws[ax.layer]                                   # einsum bij,bjk->bik
             else:
-                ws[ax.layer] = torch.einsum("bkj,bij->bki", ws[ax.layer], P)
+                ws[ax.layer] = ws[ax.layer] @ P.transpose(1, 2)                   # einsum bkj,bij->bki
     return spec.pack(ws, bs)
 
 
