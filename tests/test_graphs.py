@@ -1,0 +1,119 @@
+"""wsbook.graphs: neural graphs round-trip exactly, GNNs are permutation equivariant / invariant."""
+import pytest
+import torch
+
+from wsbook.graphs import CNNSpec, FlatMLP, NeuralGraph, WeightSpaceGNN
+from wsbook.nets import MLPSpec
+
+MLP = MLPSpec((5, 7, 6, 3))
+CNN = CNNSpec(2, (4, 5), kernel_size=3, n_classes=3)
+CASES = [("pna", "neighbours"), ("relational_transformer", "neighbours"), ("relational_transformer", "all")]
+
+
+def _population(spec, n=4, seed=0):
+    return torch.randn(n, spec.n_params, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("spec", [MLP, CNN], ids=["mlp", "cnn"])
+def test_round_trip_is_exact(spec):
+    graph = NeuralGraph(spec)
+    theta = _population(spec)
+    gb = graph.to_graph(theta)
+    assert gb.x.shape == (4 * graph.n_nodes, 1) and gb.edge_attr.shape == (4 * graph.n_edges, graph.edge_dim)
+    assert torch.equal(graph.to_population(gb.x, gb.edge_attr), theta)
+    # edges connect consecutive layers only, and each graph's edges stay inside its own node block
+    layer = graph.node_layer
+    assert torch.equal(layer[graph.edge_index[1]] - layer[graph.edge_index[0]], torch.ones(graph.n_edges, dtype=torch.long))
+    assert torch.equal(gb.batch[gb.edge_index[0]], gb.batch[gb.edge_index[1]])
+
+
+def test_graph_features_are_the_weights():
+    graph = NeuralGraph(MLP)
+    theta = _population(MLP, 1)
+    gb = graph.to_graph(theta)
+    w0 = MLP.weights(theta)[0][0]                       # [7, 5]
+    src, dst = graph.edge_index
+    first = (graph.node_layer[dst] == 1)
+    rebuilt = torch.zeros(7, 5)
+    rebuilt[dst[first] - 5, src[first]] = gb.edge_attr[first, 0]
+    assert torch.equal(rebuilt, w0)
+    assert torch.equal(gb.x[5:12, 0], MLP.biases(theta)[0][0])
+    assert torch.all(gb.x[:5] == 0)
+
+
+@pytest.mark.parametrize("spec", [MLP, CNN], ids=["mlp", "cnn"])
+def test_hidden_permutation_is_a_symmetry(spec):
+    graph = NeuralGraph(spec)
+    theta = _population(spec)
+    perm = graph.random_hidden_permutation(4, torch.Generator().manual_seed(1))
+    permuted = graph.permute_nodes(theta, perm)
+    assert not torch.allclose(permuted, theta)
+    x = torch.randn(9, 5) if spec is MLP else torch.randn(9, 2, 6, 6)
+    torch.testing.assert_close(spec.forward(permuted, x), spec.forward(theta, x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("spec", [MLP, CNN], ids=["mlp", "cnn"])
+@pytest.mark.parametrize("layer,attention", CASES)
+def test_gnn_equivariance_and_invariance(spec, layer, attention):
+    torch.manual_seed(0)
+    graph = NeuralGraph(spec)
+    theta = _population(spec)
+    perm = graph.random_hidden_permutation(4, torch.Generator().manual_seed(2))
+    permuted = graph.permute_nodes(theta, perm)
+    t = torch.rand(4)
+    inv = WeightSpaceGNN(graph, layer, dim=16, n_layers=2, head="invariant", out_dim=3, attention=attention, time=True)
+    torch.testing.assert_close(inv(permuted, t), inv(theta, t), atol=1e-5, rtol=0)
+    equi = WeightSpaceGNN(graph, layer, dim=16, n_layers=2, head="equivariant", attention=attention)
+    out = equi(theta)
+    assert out.shape == theta.shape
+    torch.testing.assert_close(equi(permuted), graph.permute_nodes(out, perm), atol=1e-5, rtol=0)
+    # the equivariant output is not trivially symmetric: it changes when the input changes
+    assert not torch.allclose(out, equi(theta + 0.5))
+
+
+def test_flat_mlp_is_not_invariant():
+    """Control: the check above can fail; a plain MLP on flat weights is not permutation invariant."""
+    graph = NeuralGraph(MLP)
+    theta = _population(MLP)
+    permuted = graph.permute_nodes(theta, graph.random_hidden_permutation(4, torch.Generator().manual_seed(3)))
+    model = FlatMLP(MLP.n_params, 32)
+    assert (model(permuted) - model(theta)).abs().max() > 1e-4
+
+
+def test_sign_canonicalization_makes_sine_encoder_invariant():
+    spec = MLPSpec((2, 8, 8, 1), activation="sine")
+    graph = NeuralGraph(spec)
+    theta = spec.init(3, "siren", generator=torch.Generator().manual_seed(0), device="cpu")
+    theta = theta + 0.1 * torch.randn_like(theta)        # nonzero biases
+    signs = torch.ones(3, graph.n_nodes)
+    signs[:, graph.hidden_mask] = torch.where(torch.rand(3, int(graph.hidden_mask.sum())) < 0.5, -1.0, 1.0)
+    flipped = graph.flip_signs(theta, signs)
+    x = torch.rand(16, 2)
+    torch.testing.assert_close(spec.forward(flipped, x), spec.forward(theta, x), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(flipped, theta)
+    torch.testing.assert_close(graph.sign_canonicalize(flipped), graph.sign_canonicalize(theta))
+    from wsbook.graphs.inr import INREncoder
+
+    encoder = INREncoder(spec, dim=16, n_layers=2, latent=8)
+    torch.testing.assert_close(encoder(flipped), encoder(theta), atol=1e-5, rtol=0)
+
+
+def test_bad_input_raises_clear_errors():
+    graph = NeuralGraph(MLP)
+    with pytest.raises(ValueError, match=r"\[B, %d\]" % MLP.n_params):
+        graph.to_graph(torch.randn(2, MLP.n_params + 1))
+    model = WeightSpaceGNN(MLP, "pna", dim=8, n_layers=1)
+    with pytest.raises(ValueError, match="shape"):
+        model(torch.randn(2, 3))
+    with pytest.raises(ValueError, match="layer must be"):
+        WeightSpaceGNN(MLP, "gcn")
+    with pytest.raises(ValueError, match="perm must be"):
+        graph.permute_nodes(torch.randn(2, MLP.n_params), torch.arange(graph.n_nodes).repeat(3, 1))
+    bad = torch.arange(graph.n_nodes).repeat(1, 1)
+    bad[0, [0, 6]] = bad[0, [6, 0]]                     # swaps an input neuron with a hidden one
+    with pytest.raises(ValueError, match="non-edge"):
+        graph.permute_nodes(torch.randn(1, MLP.n_params), bad)
+    with pytest.raises(TypeError, match="MLPSpec or CNNSpec"):
+        NeuralGraph((5, 7, 3))
+    with pytest.raises(ValueError, match="kernel_size"):
+        CNNSpec(1, (4,), kernel_size=2)

@@ -1,0 +1,171 @@
+"""Training helpers for the weight-space experiments of chapter 6.
+
+* :func:`digits_zoo`: a zoo of digit classifiers with varied widths, seeds, learning rates and training
+  lengths, all embedded in one widest spec (a narrow network is the wide one with zero neurons), cached.
+* :func:`fit_predictor` / :func:`predict`: regress a per-network scalar (test accuracy) from weights with
+  any model over populations, optionally with random hidden-permutation augmentation.
+* :func:`kendall_tau`, :func:`r2_score`: the metrics of generalization prediction (Unterthiner et al., 2020).
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from wsbook import config, data
+from wsbook.cache import cached
+from wsbook.graphs.neural_graph import NeuralGraph
+from wsbook.nets import MLPSpec, accuracy, train_population
+
+
+def embed_population(small: MLPSpec, theta: Tensor, big: MLPSpec) -> Tensor:
+    """Place networks of ``small`` into ``big`` (same input/output, hidden layers at least as wide) by
+    zero padding: the extra neurons have zero in- and out-weights, so the function is unchanged (ReLU/tanh)."""
+    theta = small.check(theta)
+    if len(small.widths) != len(big.widths) or small.widths[0] != big.widths[0] or small.widths[-1] != big.widths[-1] \
+            or any(s > b for s, b in zip(small.widths, big.widths)) or small.activation != big.activation:
+        raise ValueError(f"cannot embed {small} into {big}: need equal depth, input, output and activation")
+    B = theta.shape[0]
+    ws, bs = [], []
+    for w, b, (o, i) in zip(small.weights(theta), small.biases(theta), big.layer_shapes):
+        W = theta.new_zeros(B, o, i)
+        W[:, :w.shape[1], :w.shape[2]] = w
+        bias = theta.new_zeros(B, o)
+        bias[:, :b.shape[1]] = b
+        ws.append(W)
+        bs.append(bias)
+    return big.pack(ws, bs)
+
+
+@cached(version="1")
+def digits_zoo(hidden_widths: Sequence[int] = (4, 8, 16), lrs: Sequence[float] = (3e-4, 1e-3, 3e-3),
+               n_seeds: int = 4, steps: int = 400, n_checkpoints: int = 4, depth: int = 2,
+               seed: int = 0) -> dict:
+    """A zoo of ReLU digit classifiers ``64 -> w x depth -> 10`` for every width, learning rate and seed, saved
+    at ``n_checkpoints`` evenly spaced training lengths; all embedded into the widest spec.
+
+    Returns ``theta [M, D]``, ``test_accuracy [M]``, and per network ``width``, ``lr``, ``step``, ``run``
+    (runs are seeds x widths x lrs; checkpoints of one run share its id).
+    """
+    ds = data.load("digits")
+    gen = torch.Generator().manual_seed(seed)
+    big = MLPSpec((64, *[max(hidden_widths)] * depth, 10))
+    thetas, meta = [], {"width": [], "lr": [], "step": [], "run": []}
+    run = 0
+    for width in hidden_widths:
+        spec = MLPSpec((64, *[width] * depth, 10))
+        for lr in lrs:
+            theta0 = spec.init(n_seeds, generator=gen)
+            res = train_population(spec, theta0, ds.x_train, ds.y_train, steps=steps, lr=lr, batch_size=32,
+                                   checkpoint_every=steps // n_checkpoints, generator=gen, desc="zoo")
+            ckpts = res.checkpoints.reshape(-1, spec.n_params)                      # [K*n_seeds, D]
+            thetas.append(embed_population(spec, ckpts, big))
+            K = res.checkpoints.shape[0]
+            meta["width"].append(torch.full((K * n_seeds,), width))
+            meta["lr"].append(torch.full((K * n_seeds,), lr))
+            meta["step"].append(torch.tensor(res.checkpoint_steps).repeat_interleave(n_seeds))
+            meta["run"].append(run + torch.arange(n_seeds).repeat(K))
+            run += n_seeds
+    theta = torch.cat(thetas)
+    acc = accuracy(big, theta, ds.x_test, ds.y_test)
+    return {"theta": theta, "test_accuracy": acc, **{k: torch.cat(v) for k, v in meta.items()},
+            "widths": list(big.widths)}
+
+
+def split_by_run(run: Tensor, test_fraction: float = 0.3, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """Indices of train / held-out networks such that all checkpoints of one training run fall on one side."""
+    runs = run.unique()
+    order = runs[torch.randperm(len(runs), generator=torch.Generator().manual_seed(seed))]
+    held = order[:max(1, int(round(test_fraction * len(runs))))]
+    is_test = torch.isin(run, held.to(run.device))
+    return (~is_test).nonzero().flatten(), is_test.nonzero().flatten()
+
+
+def fit_predictor(model: nn.Module, theta: Tensor, y: Tensor, *, epochs: int = 100, lr: float = 1e-3,
+                  batch_size: int = 32, weight_decay: float = 0.0, augment: NeuralGraph | None = None,
+                  seed: int = 0) -> Tensor:
+    """Fit ``model(theta) -> y`` (one scalar per network) with Adam on the standardized MSE.
+
+    With ``augment`` (the zoo's :class:`NeuralGraph`) every minibatch is replaced by randomly
+    hidden-permuted copies, the data augmentation of Schürholt et al. (2021). Returns per-epoch losses.
+    """
+    if theta.dim() != 2 or y.shape != (theta.shape[0],):
+        raise ValueError(f"theta must be [M, D] and y [M]; got {tuple(theta.shape)} and {tuple(y.shape)}")
+    gen = torch.Generator().manual_seed(seed)
+    mean, std = y.mean(), y.std().clamp_min(1e-8)
+    model.register_buffer("y_mean", mean.detach().clone(), persistent=False)
+    model.register_buffer("y_std", std.detach().clone(), persistent=False)
+    target = (y - mean) / std
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs)
+    history = torch.empty(epochs)
+    M = theta.shape[0]
+    model.train()
+    for epoch in range(epochs):
+        order = torch.randperm(M, generator=gen).to(theta.device)
+        total = 0.0
+        for start in range(0, M, batch_size):
+            idx = order[start:start + batch_size]
+            xb = theta[idx]
+            if augment is not None:
+                xb = augment.permute_nodes(xb, augment.random_hidden_permutation(len(idx), gen))
+            loss = ((model(xb).squeeze(-1) - target[idx]) ** 2).mean()
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"predictor loss became {loss.item()} at epoch {epoch}; lower lr")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += loss.item() * len(idx)
+        sched.step()
+        history[epoch] = total / M
+    model.eval()
+    return history
+
+
+@torch.no_grad()
+def predict(model: nn.Module, theta: Tensor, batch_size: int = 128) -> Tensor:
+    """Predictions of a model trained by :func:`fit_predictor`, in the target's units ``[M]``."""
+    model.eval()
+    out = torch.cat([model(theta[s:s + batch_size]).squeeze(-1) for s in range(0, theta.shape[0], batch_size)])
+    return out * model.y_std + model.y_mean
+
+
+def kendall_tau(pred: Tensor, target: Tensor) -> float:
+    """Kendall's rank correlation tau-b between predictions and targets (scipy)."""
+    from scipy.stats import kendalltau
+
+    return float(kendalltau(pred.detach().cpu().numpy(), target.detach().cpu().numpy()).statistic)
+
+
+def r2_score(pred: Tensor, target: Tensor) -> float:
+    """Coefficient of determination ``1 - sum (y - yhat)^2 / sum (y - ybar)^2``."""
+    ss_res = ((target - pred) ** 2).sum()
+    ss_tot = ((target - target.mean()) ** 2).sum()
+    return float(1 - ss_res / ss_tot)
+
+
+def generalization_benchmark(zoo: dict, models: dict[str, Callable[[], nn.Module]], *, epochs: int,
+                             lr: float = 1e-3, augmented: Sequence[str] = (), seed: int = 0,
+                             test_fraction: float = 0.3) -> dict[str, dict[str, float]]:
+    """Train each model of ``models`` (name -> constructor) to predict test accuracy from weights on the
+    zoo's training runs and score it on held-out runs: Kendall tau, R^2, parameter count, seconds."""
+    import time
+
+    from wsbook.graphs.models import count_parameters
+
+    theta, acc = zoo["theta"], zoo["test_accuracy"]
+    train_idx, test_idx = split_by_run(zoo["run"], test_fraction, seed)
+    graph = NeuralGraph(MLPSpec(tuple(zoo["widths"])))
+    results = {}
+    for name, make in models.items():
+        torch.manual_seed(seed)
+        model = make().to(theta.device)
+        start = time.perf_counter()
+        fit_predictor(model, theta[train_idx], acc[train_idx], epochs=epochs, lr=lr,
+                      augment=graph if name in augmented else None, seed=seed)
+        seconds = time.perf_counter() - start
+        pred = predict(model, theta[test_idx])
+        results[name] = {"kendall_tau": kendall_tau(pred, acc[test_idx]), "r2": r2_score(pred, acc[test_idx]),
+                         "parameters": count_parameters(model), "train_seconds": seconds}
+    return results
