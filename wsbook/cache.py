@@ -94,7 +94,8 @@ def load_entry(key: str, name: str, description: dict[str, Any]) -> tuple[bool, 
             raise ValueError("stored description does not match the requested key")
         return True, stored["value"]
     except Exception as err:  # any unreadable entry is recomputed, never trusted
-        warnings.warn(f"wsbook cache: entry {path.name} is unreadable ({type(err).__name__}: {err}); recomputing",
+        reason = (str(err).strip().splitlines() or [""])[0][:200]
+        warnings.warn(f"wsbook cache: entry {path.name} is unreadable ({type(err).__name__}: {reason}); recomputing",
                       RuntimeWarning, stacklevel=3)
         return False, None
 

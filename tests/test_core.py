@@ -1,0 +1,172 @@
+"""wsbook.config, wsbook.data and wsbook.cache, plus the install files agreeing with each other."""
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from wsbook import cache, config, data
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_scale_knob(monkeypatch):
+    for value in ("ci", "default", "full", " CI "):
+        monkeypatch.setenv("WSBOOK_SCALE", value)
+        assert config.scale() == value.strip().lower()
+    monkeypatch.setenv("WSBOOK_SCALE", "ci")
+    assert config.by_scale(ci=1, default=2, full=3) == 1
+    monkeypatch.setenv("WSBOOK_SCALE", "huge")
+    with pytest.raises(ValueError, match="ci, default, full.*'huge'"):
+        config.scale()
+    monkeypatch.delenv("WSBOOK_SCALE")
+    assert config.scale() == "default"
+
+
+def test_seeding_is_reproducible():
+    config.seed_everything(3)
+    a = torch.randn(4)
+    config.seed_everything(3)
+    assert torch.equal(a, torch.randn(4))
+
+
+def test_progress_quiet_under_ci(monkeypatch):
+    monkeypatch.delenv("WSBOOK_PROGRESS", raising=False)
+    monkeypatch.setenv("CI", "true")
+    assert not config.progress_enabled()
+    monkeypatch.setenv("WSBOOK_PROGRESS", "1")
+    assert config.progress_enabled()
+
+
+@pytest.mark.parametrize("name", data.DATASETS)
+def test_datasets_are_standardized_deterministic_splits(name):
+    ds = data.load(name, device="cpu")
+    again = data._load_cached.__wrapped__(name, "cpu")
+    assert torch.equal(ds.x_train, again.x_train) and torch.equal(ds.y_test, again.y_test)
+    assert len(ds.x_train) > len(ds.x_val) > 0 and len(ds.x_test) > 0 and ds.x_train.dtype == torch.float32
+    if name not in ("digits", "mnist5k", "gap1d"):
+        assert ds.x_train.mean(0).abs().max() < 1e-4 and (ds.x_train.std(0) - 1).abs().max() < 0.05
+    if ds.task == "classification":
+        assert ds.y_train.dtype == torch.long and int(ds.y_train.max()) + 1 == ds.n_classes
+
+
+def test_unknown_dataset_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown dataset 'cifar'.*moons"):
+        data.load("cifar")
+
+
+def test_gap1d_has_a_gap_in_training_inputs():
+    ds = data.load("gap1d", device="cpu")
+    x = ds.x_train * 1.0  # standardized, symmetric clusters: the gap stays around 0
+    assert (x.abs() > 0.3).all()
+
+
+calls = []
+
+
+@cache.cached(version="t1")
+def _expensive(n: int, scale_by: float = 2.0):
+    calls.append(n)
+    return {"theta": torch.arange(n, dtype=torch.float32) * scale_by, "meta": {"n": n, "tags": ["a", "b"]}}
+
+
+def test_cache_roundtrip_and_key():
+    calls.clear()
+    first = _expensive(3)
+    second = _expensive(3)
+    assert calls == [3]
+    assert torch.equal(first["theta"], second["theta"]) and second["meta"] == {"n": 3, "tags": ["a", "b"]}
+    _expensive(3, scale_by=3.0)
+    assert calls == [3, 3], "a different argument is a different entry"
+    assert _expensive.cache_path(3) != _expensive.cache_path(3, 3.0)
+    assert _expensive.cache_path(3) == _expensive.cache_path(3, scale_by=2.0)
+
+
+def test_cache_key_depends_on_scale(monkeypatch):
+    path_ci = _expensive.cache_path(2)
+    monkeypatch.setenv("WSBOOK_SCALE", "default")
+    assert _expensive.cache_path(2) != path_ci
+
+
+def test_cache_write_is_atomic(monkeypatch):
+    calls.clear()
+    _expensive(4)
+    path = _expensive.cache_path(4)
+    good = path.read_bytes()
+
+    def broken_save(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(RuntimeError, match="disk full"):
+        cache.save_entry("k", "x", {}, {"a": torch.ones(1)})
+    monkeypatch.undo()
+    assert path.read_bytes() == good
+    leftovers = [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+    assert leftovers == []
+
+
+def test_corrupt_entry_is_recomputed_with_a_warning():
+    calls.clear()
+    _expensive(5)
+    path = _expensive.cache_path(5)
+    path.write_bytes(b"not a torch file")
+    with pytest.warns(RuntimeWarning, match="unreadable.*recomputing"):
+        value = _expensive(5)
+    assert calls == [5, 5] and value["theta"][1] == 2.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _expensive(5)  # the rewritten entry is good again
+    assert calls == [5, 5]
+
+
+def test_cache_never_unpickles_code(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    import pickle
+
+    path = _expensive.cache_path(6)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"description": {}, "value": Evil()}, path, pickle_protocol=pickle.HIGHEST_PROTOCOL)
+    with pytest.warns(RuntimeWarning, match="unreadable"):
+        _expensive(6)
+
+
+def test_cache_rejects_unsafe_values():
+    @cache.cached()
+    def bad():
+        return {"f": object()}
+
+    with pytest.raises(TypeError, match="only tensors"):
+        bad()
+
+
+def _requirements(text: str) -> dict[str, str]:
+    out = {}
+    for line in text:
+        m = re.match(r"\s*-?\s*\"?([A-Za-z0-9_.\-]+)\s*([<>=!~][^\"#,]*(?:,[^\"#]*)?)?\"?,?\s*$", line)
+        if m:
+            out[m.group(1).lower()] = (m.group(2) or "").replace(" ", "").rstrip(",")
+    return out
+
+
+def test_environment_yml_mirrors_pyproject():
+    import tomllib
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = {}
+    for req in meta["dependencies"] + meta["optional-dependencies"]["dev"]:
+        name, spec = re.match(r"([A-Za-z0-9_.\-]+)\s*(.*)", req).groups()
+        wanted[name.lower()] = spec.replace(" ", "")
+    env = (ROOT / "environment.yml").read_text().split("pip:")[1].splitlines()
+    pinned = {}
+    for line in env:
+        m = re.match(r"\s*-\s*([A-Za-z0-9_.\-]+)\s*([<>=!~].*)?$", line.strip())
+        if m and m.group(1) not in ("-e",):
+            pinned[m.group(1).lower()] = (m.group(2) or "").replace(" ", "")
+    assert pinned.pop("torch") == "==2.13.0"
+    wanted.pop("torch")
+    assert pinned == wanted

@@ -1,0 +1,118 @@
+"""wsbook.nets: layout, batched forward against plain torch modules, initialisers, population training."""
+import pytest
+import torch
+
+from wsbook import data
+from wsbook.nets import MLPSpec, accuracy, per_member_loss, train_population
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh", "sine", "gelu"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_batched_forward_equals_loop_over_modules(activation, bias):
+    torch.manual_seed(0)
+    spec = MLPSpec((5, 7, 6, 3), activation=activation, bias=bias, frequency=2.0)
+    theta = spec.init(4, scheme="siren" if activation == "sine" else "kaiming", device="cpu")
+    x = torch.randn(11, 5)
+    shared = spec.forward(theta, x)
+    per_member = spec.forward(theta, x.expand(4, 11, 5).contiguous())
+    loop = torch.stack([spec.to_module(theta[i])(x) for i in range(4)])
+    assert shared.shape == (4, 11, 3)
+    torch.testing.assert_close(shared, loop, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(per_member, loop, atol=1e-6, rtol=1e-6)
+
+
+def test_layout_views_are_zero_copy_and_roundtrip():
+    spec = MLPSpec((3, 4, 2))
+    theta = spec.init(5, device="cpu")
+    assert spec.n_params == 3 * 4 + 4 + 4 * 2 + 2
+    w0 = spec.weights(theta)[0]
+    assert w0.shape == (5, 4, 3) and w0.data_ptr() == theta.data_ptr()
+    torch.testing.assert_close(spec.pack(spec.weights(theta), spec.biases(theta)), theta)
+    modules = [spec.to_module(t) for t in theta]
+    torch.testing.assert_close(spec.from_modules(modules), theta)
+
+
+def test_forward_is_differentiable_in_theta():
+    spec = MLPSpec((2, 8, 1), activation="tanh")
+    theta = spec.init(3, device="cpu").requires_grad_(True)
+    spec.forward(theta, torch.randn(6, 2)).sum().backward()
+    assert theta.grad is not None and theta.grad.abs().sum() > 0
+
+
+def test_return_hidden_gives_post_activations():
+    spec = MLPSpec((2, 8, 5, 1))
+    theta = spec.init(3, device="cpu")
+    out, hidden = spec.forward(theta, torch.randn(4, 2), return_hidden=True)
+    assert [h.shape for h in hidden] == [(3, 4, 8), (3, 4, 5)]
+    assert all((h >= 0).all() for h in hidden)
+
+
+def test_wrong_shapes_raise_with_expected_and_given_sizes():
+    spec = MLPSpec((3, 4, 2))
+    with pytest.raises(ValueError, match=r"\[B, 26\].*\(2, 25\)"):
+        spec.forward(torch.zeros(2, 25), torch.zeros(5, 3))
+    with pytest.raises(ValueError, match=r"\[N, 3\]"):
+        spec.forward(spec.init(2, device="cpu"), torch.zeros(5, 4))
+    with pytest.raises(ValueError, match="2 networks"):
+        spec.forward(spec.init(2, device="cpu"), torch.zeros(3, 5, 3))
+    with pytest.raises(ValueError, match="activation"):
+        MLPSpec((3, 2), activation="swish")
+    with pytest.raises(ValueError, match="positive widths"):
+        MLPSpec((3,))
+    with pytest.raises(ValueError, match="expects"):
+        spec.from_modules([torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))])
+    with pytest.raises(ValueError, match="init scheme"):
+        spec.init(2, scheme="orthogonal")
+
+
+def test_initialisers_have_the_stated_scales():
+    spec = MLPSpec((400, 300, 10), activation="sine", frequency=30.0)
+    g = torch.Generator().manual_seed(0)
+    xavier = spec.weights(spec.init(2, "xavier", generator=g, device="cpu"))[0]
+    assert abs(xavier.std().item() - (2.0 / 700) ** 0.5) < 0.01 * (2.0 / 700) ** 0.5 * 10
+    siren = spec.weights(spec.init(2, "siren", generator=g, device="cpu"))
+    assert siren[0].abs().max() <= 1 / 400 + 1e-9
+    assert siren[1].abs().max() <= (6 / 300) ** 0.5 / 30 + 1e-9
+    he = spec.weights(spec.init(2, "kaiming_normal", generator=g, device="cpu"))[0]
+    assert abs(he.std().item() / (2 / 400) ** 0.5 - 1) < 0.02
+
+
+def test_population_training_lowers_every_members_loss():
+    ds = data.load("wine", device="cpu")
+    spec = MLPSpec((ds.n_features, 16, ds.n_classes))
+    g = torch.Generator().manual_seed(0)
+    theta0 = spec.init(12, generator=g, device="cpu")
+    result = train_population(spec, theta0, ds.x_train, ds.y_train, steps=150, lr=1e-2, batch_size=32, generator=g)
+    before = per_member_loss(spec, theta0, ds.x_train, ds.y_train)
+    after = per_member_loss(spec, result.theta, ds.x_train, ds.y_train)
+    assert result.loss_history.shape == (150, 12)
+    assert (after < 0.5 * before).all(), (before, after)
+    assert (accuracy(spec, result.theta, ds.x_test, ds.y_test) > 0.8).all()
+
+
+def test_population_training_equals_independent_runs():
+    """One Adam over [B, D] is B independent Adams: member 1 trained alone gives the same weights."""
+    ds = data.load("moons", device="cpu")
+    spec = MLPSpec((2, 8, 2))
+    theta0 = spec.init(3, generator=torch.Generator().manual_seed(1), device="cpu")
+    together = train_population(spec, theta0, ds.x_train, ds.y_train, steps=20, lr=1e-2).theta
+    alone = train_population(spec, theta0[1:2], ds.x_train, ds.y_train, steps=20, lr=1e-2).theta
+    torch.testing.assert_close(together[1:2], alone, atol=1e-6, rtol=1e-5)
+
+
+def test_regression_training_and_checkpoints():
+    ds = data.load("gap1d", device="cpu")
+    spec = MLPSpec((1, 32, 1), activation="tanh")
+    g = torch.Generator().manual_seed(0)
+    res = train_population(spec, spec.init(4, generator=g, device="cpu"), ds.x_train, ds.y_train, steps=800,
+                           lr=1e-2, loss="mse", batch_size=40, checkpoint_every=200, generator=g)
+    assert res.checkpoints.shape == (4, 4, spec.n_params) and res.checkpoint_steps == [200, 400, 600, 800]
+    assert (res.loss_history[-20:].mean(0) < 0.5 * res.loss_history[:5].mean(0)).all()
+
+
+def test_divergence_is_an_error_not_a_silent_nan():
+    ds = data.load("moons", device="cpu")
+    spec = MLPSpec((2, 8, 2))
+    with pytest.raises(FloatingPointError, match="non-finite"):
+        train_population(spec, spec.init(2, device="cpu") * 1e30, ds.x_train, ds.y_train, steps=3, lr=1e30,
+                         optimizer="sgd")
