@@ -1,0 +1,232 @@
+"""Mathematics of wsbook.flows: couplings, paths, solvers, likelihoods, training."""
+import math
+
+import pytest
+import torch
+
+from wsbook import flows
+from wsbook.manifolds import Euclidean, Product, Sphere
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run fastest (and predictably on a loaded machine) on one thread."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+class Linear(torch.nn.Module):
+    """v(t, x) = A x: its flow is x_t = expm(t A) x_0."""
+
+    def __init__(self, a):
+        super().__init__()
+        self.a = a
+
+    def forward(self, t, x):
+        return x @ self.a.T
+
+
+def test_ode_with_known_solution_all_methods():
+    a = torch.tensor([[0.0, -1.0], [1.0, 0.0]])       # rotation: x_1 = R(1 rad) x_0
+    x0 = torch.randn(16, 2, generator=torch.Generator().manual_seed(0))
+    exact = x0 @ torch.linalg.matrix_exp(a).T
+    errors = {}
+    for method, steps in (("euler", 200), ("midpoint", 50), ("rk4", 10), ("dopri5", 0)):
+        out = flows.solve_ode(Linear(a), x0, method=method, steps=max(steps, 1))
+        errors[method] = (out.x - exact).abs().max().item()
+        assert out.nfe > 0
+    assert errors["euler"] < 1e-2 and errors["midpoint"] < 1e-3 and errors["rk4"] < 1e-5 and errors["dopri5"] < 1e-4
+    out = flows.solve_ode(Linear(a), x0, method="euler", steps=10, return_trajectory=True)
+    assert out.trajectory.shape == (11, 16, 2) and out.nfe == 10
+
+
+def test_linear_field_likelihood_matches_gaussian_pushforward():
+    a = torch.tensor([[0.3, 0.4], [-0.2, -0.5]], dtype=torch.float64)
+    m = torch.linalg.matrix_exp(a)
+    cov = m @ m.T
+    g = torch.Generator().manual_seed(1)
+    x1 = torch.randn(32, 2, generator=g, dtype=torch.float64) @ m.T
+    exact = torch.distributions.MultivariateNormal(torch.zeros(2, dtype=torch.float64), cov).log_prob(x1)
+    for method in ("rk4", "dopri5"):
+        res = flows.log_likelihood(Linear(a), x1, method=method, steps=20)
+        assert torch.allclose(res.logp, exact, atol=1e-5), method
+        assert torch.allclose(res.int_div, torch.full((32,), torch.trace(a).item(), dtype=torch.float64), atol=1e-6)
+
+
+def test_hutchinson_mean_over_many_probes_matches_exact_trace():
+    torch.manual_seed(0)
+    net = flows.TimeMLP(3, hidden=32, depth=2)
+    x = torch.randn(8, 3)
+    f = lambda y: net(torch.tensor(0.3), y)  # noqa: E731
+    _, exact = flows.divergence(f, x, "exact")
+    probes = flows.rademacher((4000, 8, 3), torch.Generator().manual_seed(3))
+    _, est = flows.divergence(f, x, "hutchinson", probes)
+    # the estimator is eps^T J eps averaged over probes (J from autograd, row by row)
+    jac = torch.stack([torch.autograd.functional.jacobian(lambda y: f(y[None])[0], xi) for xi in x])  # [B, 3, 3]
+    per_probe = torch.einsum("pbi,bij,pbj->pb", probes, jac, probes)
+    assert torch.allclose(est, per_probe.mean(0), atol=1e-5)
+    assert torch.allclose(exact, jac.diagonal(dim1=1, dim2=2).sum(-1), atol=1e-5)
+    # unbiased: the mean over many probes lies within 4 standard errors of the exact trace
+    se = per_probe.std(0) / math.sqrt(per_probe.shape[0])
+    assert ((est - exact).abs() <= 4 * se + 1e-6).all()
+    assert per_probe.std(0).max() > 0        # a non-trivial estimator (off-diagonal Jacobian entries)
+    with pytest.raises(ValueError, match="probes of shape"):
+        flows.divergence(f, x, "hutchinson", probes[:, :2])
+
+
+def test_ot_coupling_cost_at_most_independent_and_is_a_permutation():
+    g = torch.Generator().manual_seed(2)
+    for manifold in (None, Sphere(3), Product.spheres(20, 3)):
+        if manifold is None:
+            x0, x1 = torch.randn(128, 2, generator=g), torch.randn(128, 2, generator=g) + 2
+        else:
+            x0, x1 = manifold.random_base(128, generator=g), manifold.random_base(128, generator=g)
+        ot = flows.OTCoupling(manifold)
+        y0, y1 = ot(x0, x1)
+        assert torch.equal(y0, x0)
+        assert torch.equal(torch.sort(y1, 0).values, torch.sort(x1, 0).values)   # same points, re-paired
+        c_ot, c_ind = flows.coupling_cost(y0, y1, manifold), flows.coupling_cost(x0, x1, manifold)
+        assert c_ot <= c_ind + 1e-6
+        assert c_ot < 0.9 * c_ind
+    # against a brute-force optimum on a tiny problem
+    import itertools
+    x0, x1 = torch.randn(6, 2, generator=g), torch.randn(6, 2, generator=g)
+    cost = torch.cdist(x0, x1) ** 2
+    best = min(sum(cost[i, p[i]].item() for i in range(6)) for p in itertools.permutations(range(6)))
+    perm = flows.ot_assignment(cost)
+    assert abs(cost[torch.arange(6), perm].sum().item() - best) < 1e-5
+
+
+def test_ot_failure_raises_instead_of_falling_back():
+    with pytest.raises(ValueError, match="NaN"):
+        flows.ot_assignment(torch.tensor([[0.0, float("nan")], [1.0, 0.0]]))
+    with pytest.raises(RuntimeError, match="refusing"):
+        flows.ot_assignment(torch.rand(64, 64), numitermax=3)
+    with pytest.raises(ValueError, match="equal shape"):
+        flows.OTCoupling()(torch.zeros(4, 2), torch.zeros(5, 2))
+
+
+def test_paths_endpoints_and_fields():
+    g = torch.Generator().manual_seed(3)
+    x0, x1 = torch.randn(10, 2, generator=g), torch.randn(10, 2, generator=g)
+    xt, ut = flows.LinearPath().sample(x0, x1, torch.zeros(10))
+    assert torch.allclose(xt, x0) and torch.allclose(ut, x1 - x0)
+    s = Sphere(3)
+    y0, y1 = s.random_base(10, generator=g), s.random_base(10, generator=g)
+    path = flows.GeodesicPath(s)
+    t = torch.rand(10, generator=g) * 0.9
+    xt, ut = path.sample(y0, y1, t)
+    assert s.belongs(xt).all() and s.is_tangent(xt, ut).all()
+    # |u_t| is the constant speed d(x0, x1) of the geodesic
+    assert torch.allclose(s.norm(xt, ut), s.dist(y0, y1), atol=1e-4)
+    xt1, ut1 = path.sample(y0, y1, torch.ones(10))                   # t clipped: finite field, near x1
+    assert torch.isfinite(ut1).all() and torch.allclose(xt1, y1, atol=1e-2)
+    with pytest.raises(ValueError, match=r"times in \[0, 1\]"):
+        path.sample(y0, y1, torch.full((10,), 1.5))
+    with pytest.raises(ValueError, match="x0"):
+        path.sample(y0 * 2, y1, t)
+
+
+@pytest.mark.parametrize("method", ["euler", "midpoint", "rk4"])
+def test_manifold_integrators_stay_on_manifold(method):
+    p = Product.from_blocks([("sphere", 200, 3), ("euclidean", 1, 4)])
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(p.dim, p.dim, generator=g) * 0.5
+    field = lambda t, x: p.proju(x, torch.tanh(x @ w) * (1 + t))  # noqa: E731
+    x = p.random_base(16, generator=g)
+    out = flows.solve_ode(field, x, manifold=p, method=method, steps=25, return_trajectory=True)
+    for state in out.trajectory:
+        assert p.belongs(state, atol=1e-5).all()
+    # a plain Euclidean step with the same field leaves the spheres
+    drift = p.factor_view(x + 0.5 * field(0.0, x)).norm(dim=-1) - 1
+    assert drift.abs().max() > 1e-2
+    with pytest.raises(ValueError, match="on Product"):
+        flows.solve_ode(field, x * 2, manifold=p, method=method, steps=5)
+
+
+def test_manifold_rk4_converges_on_rotation_field():
+    # v(x) = omega x e_z (rotation about the z axis): the exact flow rotates by angle omega t
+    s = Sphere(3)
+    omega = 2.0
+    field = lambda t, x: omega * torch.stack([-x[:, 1], x[:, 0], torch.zeros_like(x[:, 0])], 1)  # noqa: E731
+    x0 = s.random_base(8, generator=torch.Generator().manual_seed(5))
+    c, sn = math.cos(omega), math.sin(omega)
+    exact = torch.stack([c * x0[:, 0] - sn * x0[:, 1], sn * x0[:, 0] + c * x0[:, 1], x0[:, 2]], 1)
+    err = {m: (flows.solve_ode(field, x0, manifold=s, method=m, steps=20).x - exact).abs().max().item()
+           for m in ("euler", "midpoint", "rk4")}
+    # the projected stages make midpoint and RK4 second order here; both beat Euler and converge
+    assert max(err["rk4"], err["midpoint"]) < err["euler"] / 10
+    finer = (flows.solve_ode(field, x0, manifold=s, method="rk4", steps=40).x - exact).abs().max().item()
+    assert finer < err["rk4"] / 3
+
+
+def test_sphere_likelihood_of_zero_field_is_uniform_and_rotation_preserves_it():
+    s = Sphere(3)
+    x = s.random_base(16, generator=torch.Generator().manual_seed(6))
+    rot = lambda t, y: torch.stack([-y[:, 1], y[:, 0], torch.zeros_like(y[:, 0])], 1)  # noqa: E731  divergence-free
+    res = flows.log_likelihood(rot, x, manifold=s, method="rk4", steps=10)
+    assert torch.allclose(res.logp, torch.full((16,), -math.log(4 * math.pi)), atol=1e-5)
+    # a field pushing mass to the north pole: density of the pushforward at the pole exceeds uniform
+    north = torch.tensor([0.0, 0.0, 1.0])
+    push = lambda t, y: s.proju(y, north.expand_as(y))  # noqa: E731
+    res = flows.log_likelihood(push, north.expand(1, 3).clone(), manifold=s, method="rk4", steps=20)
+    # exact: the flow of the gradient of z; at the pole div = -2 (z = 1 fixed), so log p = -log 4 pi + 2
+    assert abs(res.logp.item() - (2.0 - math.log(4 * math.pi))) < 1e-4
+
+
+def test_cfm_training_reduces_loss_and_matches_target():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(7)
+    target = flows.GaussianMixture(torch.tensor([[2.0, 0.0], [-2.0, 0.0]]), 0.3)
+    model = flows.TimeMLP(2, hidden=64, depth=3)
+    res = flows.train_flow(model, target, flows.standard_normal(2), path=flows.LinearPath(),
+                           coupling=flows.OTCoupling(), steps=500, batch_size=128, lr=1e-2, generator=g,
+                           progress=False)
+    assert res.losses[-30:].mean() < 0.5 * res.losses[:30].mean()
+    x = flows.solve_ode(res.ema, torch.randn(2000, 2, generator=g), method="rk4", steps=10).x
+    assert abs((x[:, 0] > 0).float().mean().item() - 0.5) < 0.05            # both modes, equal mass
+    assert (x[:, 0].abs() < 1).float().mean() < 0.08                          # little mass between them
+    assert abs(x[:, 0].abs().mean().item() - 2.0) < 0.15 and abs(x[:, 1].std().item() - 0.3) < 0.1
+
+
+def test_straightness_of_a_line_and_a_detour():
+    t = torch.linspace(0, 1, 11)[:, None, None]
+    line = t * torch.tensor([[1.0, 2.0]])
+    s = flows.straightness(line)
+    assert torch.allclose(s["ratio"], torch.ones(1)) and s["energy_excess"].abs().max() < 1e-5
+    bent = torch.cat([torch.stack([t[:6, :, 0] * 2, 0 * t[:6, :, 0]], -1),
+                      torch.stack([torch.ones(5, 1), (t[6:, :, 0] - 0.5) * 2], -1)], 0)
+    assert flows.straightness(bent)["ratio"].item() < 0.8
+
+
+def test_vmf_mixture_density_normalised_and_sampler_consistent():
+    g = torch.Generator().manual_seed(8)
+    vmf = flows.VonMisesFisherMixture(torch.tensor([[0.0, 0, 1], [1.0, 0, 0]]), torch.tensor([5.0, 20.0]),
+                                      torch.tensor([0.3, 0.7]))
+    u = Sphere(3).random_uniform(200000, generator=g)
+    assert abs((vmf.log_prob(u).exp().mean() * 4 * math.pi).item() - 1) < 0.02     # integrates to 1
+    x = vmf.sample(20000, g)
+    a = lambda k: 1 / math.tanh(k) - 1 / k  # noqa: E731   mean resultant length of vMF on S^2
+    assert torch.allclose(x.mean(0), torch.tensor([0.7 * a(20.0), 0.0, 0.3 * a(5.0)]), atol=0.015)
+    # E[mu^T x] for one vMF on S^2 is coth(kappa) - 1/kappa
+    one = flows.VonMisesFisherMixture(torch.tensor([[0.0, 1.0, 0]]), 20.0).sample(20000, g)
+    assert abs(one[:, 1].mean().item() - (1 / math.tanh(20) - 1 / 20)) < 0.005
+
+
+def test_bad_inputs_raise():
+    with pytest.raises(ValueError, match="method"):
+        flows.solve_ode(lambda t, x: x, torch.zeros(2, 2), method="heun")
+    with pytest.raises(ValueError, match="t1"):
+        flows.solve_ode(lambda t, x: x, torch.zeros(2, 2), t1=1.5)
+    with pytest.raises(ValueError, match="dopri5"):
+        flows.solve_ode(lambda t, x: x, Sphere(3).random_base(2), manifold=Sphere(3), method="dopri5")
+    with pytest.raises(ValueError, match=r"\[B, 3\]"):
+        flows.TimeMLP(3)(torch.tensor(0.5), torch.zeros(4, 2))
+    with pytest.raises(ValueError, match="coordinates"):
+        flows.log_likelihood(lambda t, x: x, torch.zeros(4, 2), manifold=Euclidean(3))
+    with pytest.raises(ValueError, match="estimator"):
+        flows.log_likelihood(lambda t, x: x, torch.zeros(4, 2), estimator="skilling")
+    with pytest.raises(ValueError, match="independent"):
+        flows.make_coupling("sinkhorn")
