@@ -9,6 +9,8 @@ batched form), which runs on ``[width, width]`` matrices already computed.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
@@ -69,7 +71,7 @@ def _wm_core(spec: MLPSpec, refs: list[Tensor], others: list[Tensor], *, signs: 
         [torch.arange(g.width, device=dev).expand(B, g.width).clone() for g in groups]
     sgn = [torch.ones(B, g.width, device=dev, dtype=others[0].dtype) for g in groups]
     active = torch.ones(B, dtype=torch.bool, device=dev)
-    sweeps = 0
+    sweeps, lap_seconds = 0, 0.0
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
     while sweeps < max_iter and bool(active.any()):
         sweeps += 1
@@ -93,14 +95,16 @@ def _wm_core(spec: MLPSpec, refs: list[Tensor], others: list[Tensor], *, signs: 
                     w_out = w_out.gather(1, p.unsqueeze(2).expand(-1, -1, w_out.shape[2])) * sgn[h + 1][idx].unsqueeze(2)
                 ref_out = wr[c][h + 1] if wr[c][h + 1].shape[0] == 1 else wr[c][h + 1][idx]
                 cost = cost + ref_out.transpose(1, 2) @ w_out
+            t0 = time.perf_counter()
             new = hungarian(cost.abs() if signs else cost)
+            lap_seconds += time.perf_counter() - t0
             if signs:
                 picked = cost.gather(2, new.unsqueeze(2)).squeeze(2)
                 sgn[h][idx] = torch.where(picked < 0, -1.0, 1.0).to(sgn[h])
             changed[idx] |= (new != perms[h][idx]).any(1)
             perms[h][idx] = new
         active &= changed
-    return perms, sgn, {"sweeps": sweeps, "converged": not bool(active.any())}
+    return perms, sgn, {"sweeps": sweeps, "converged": not bool(active.any()), "hungarian_seconds": lap_seconds}
 
 
 # --------------------------------------------------------- weight matching
@@ -113,7 +117,7 @@ def weight_matching(spec: MLPSpec, theta_ref: Tensor, theta: Tensor, *, max_iter
     Aligns a whole zoo ``theta [B, D]`` to one reference ``[D]`` / ``[1, D]`` (or one reference per member)
     in a batch. Convergence: a member stops when a full sweep over the layers (random order) changes
     none of its permutations; at most ``max_iter`` sweeps. Returns ``(perms, aligned)`` (and a dict with
-    the number of sweeps when ``return_info``).
+    the number of sweeps, convergence and the seconds spent in Hungarian solves when ``return_info``).
     """
     _check_spec(spec)
     ref, theta = _pair(spec, theta_ref, theta)
@@ -125,7 +129,7 @@ def weight_matching(spec: MLPSpec, theta_ref: Tensor, theta: Tensor, *, max_iter
 def sign_aware_weight_matching(spec: MLPSpec, theta_ref: Tensor, theta: Tensor, *, max_iter: int = 100,
                                generator: torch.Generator | None = None, return_info: bool = False):
     """Weight matching over permutations *and* sign flips, for odd activations (tanh, sine): the Hungarian
-    method on ``|C|`` picks the permutation and ``sign(C[i, perm[i]])`` the flip (Kalogeropoulos et al., 2024).
+    method on ``|C|`` picks the permutation and ``sign(C[i, perm[i]])`` the flip (Boufalis et al., 2025).
 
     Returns ``(perms, signs, aligned)`` with ``aligned = flip_signs(permute(theta, perms), signs)``.
     """
