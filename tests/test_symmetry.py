@@ -230,3 +230,57 @@ def test_mismatched_architectures_raise():
         S.check_same_architecture(a, b)
     with pytest.raises(ValueError, match="references"):
         S.weight_matching(a, a.init(2), a.init(3))
+
+
+def test_batched_zoo_alignment_equals_pair_by_pair():
+    g = _gen(14)
+    spec = MLPSpec((6, 20, 20, 20, 3))
+    ref, zoo = spec.init(1, generator=g), spec.init(5, generator=g)
+    batched, aligned = S.weight_matching(spec, ref, zoo)
+    for i in range(5):
+        single, single_aligned = S.weight_matching(spec, ref, zoo[i:i + 1])
+        for p, q in zip(batched, single):
+            assert torch.equal(p[i:i + 1], q)
+        torch.testing.assert_close(aligned[i:i + 1], single_aligned)
+    # alignment never increases the distance to the reference
+    assert ((aligned - ref).norm(dim=1) <= (zoo - ref).norm(dim=1) + 1e-5).all()
+
+
+@pytest.mark.parametrize("loss", ["midpoint", "random"])
+def test_sinkhorn_data_losses_return_a_true_permutation(loss):
+    g = _gen(15)
+    spec = MLPSpec((4, 12, 12, 3))
+    a, b = spec.init(2, generator=g), spec.init(2, generator=g)
+    x, y = torch.randn(64, 4, generator=g), torch.randint(0, 3, (64,), generator=g)
+    perms, aligned = S.sinkhorn_matching(spec, a, b, x, y, loss=loss, steps=20)
+    for p in perms:
+        assert torch.equal(p.sort(1).values, torch.arange(12).expand(2, 12))
+    assert _rel(spec, b, aligned, x) < 1e-5
+    with pytest.raises(ValueError, match="needs data"):
+        S.sinkhorn_matching(spec, a, b, loss=loss)
+
+
+def test_activation_statistics_inner_matches_direct_computation():
+    g = _gen(16)
+    spec = MLPSpec((3, 8, 5, 2), activation="tanh")
+    a, b = spec.init(1, generator=g), spec.init(2, generator=g)
+    x = torch.randn(30, 3, generator=g)
+    stats = S.activation_statistics(spec, a, b, x, batch_size=7, statistic="inner")
+    _, ha = spec.forward(a, x, return_hidden=True)
+    _, hb = spec.forward(b, x, return_hidden=True)
+    for s, u, v in zip(stats, ha, hb):
+        torch.testing.assert_close(s, torch.einsum("ni,bnj->bij", u[0], v) / 30)
+
+
+def test_invalid_inputs_raise_clear_errors():
+    relu, gelu = MLPSpec((3, 8, 2)), MLPSpec((3, 8, 2), activation="gelu")
+    with pytest.raises(ValueError, match="relu"):
+        S.sphere_blocks(gelu)
+    with pytest.raises(ValueError, match="odd activation"):
+        S.sign_aware_weight_matching(relu, relu.init(1), relu.init(1))
+    with pytest.raises(ValueError, match="non-negative"):
+        S.variational_matching(relu, relu.init(1), -torch.ones(1, relu.n_params), relu.init(1),
+                               torch.ones(1, relu.n_params))
+    assert S.sphere_blocks(relu, task="regression")[0][-1][0] == "euclidean"
+    with pytest.raises(ValueError, match="no per-neuron scaling"):
+        S.scale(gelu, gelu.init(1), [torch.ones(1, 8)])
