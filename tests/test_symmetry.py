@@ -187,9 +187,10 @@ def test_sphere_blocks_round_trip_and_distance():
     assert (S.sphere_distance(spec, c[:1], c[1:]) > 0.1).all()
     with pytest.raises(ValueError, match="not canonical"):
         S.to_spheres(spec, spec.init(1, generator=g))
-    from wsbook.manifolds import Product
-    product = Product.from_blocks(blocks)
+    product = S.product_manifold(spec)
     torch.testing.assert_close(product.projx(pts), pts, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(product.dist(pts[:1], pts[1:]), S.sphere_distance(spec, c[:1], c[1:]),
+                               atol=1e-4, rtol=1e-4)
 
 
 def test_barrier_of_network_with_itself_is_zero():

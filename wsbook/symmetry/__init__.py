@@ -3,7 +3,8 @@ connectivity, all batched over populations ``[B, D]`` and driven by one declarat
 symmetry group of an architecture (:func:`symmetry_spec`). Chapter 5 of the book explains and uses them."""
 from wsbook.symmetry.actions import (compose, flip_signs, function_difference, inverse_permutation, permute,
                                      permute_soft, random_permutation, random_scales, random_signs, scale)
-from wsbook.symmetry.canonical import (canonicalize, from_spheres, normalize_neurons, sort_neurons, sphere_blocks,
+from wsbook.symmetry.canonical import (canonicalize, from_spheres, normalize_neurons, product_manifold, sort_neurons,
+                                       sphere_blocks,
                                        sphere_distance, to_spheres)
 from wsbook.symmetry.lmc import (auc, barrier, connectivity, gaussian_interpolation_curve, interpolation_curve)
 from wsbook.symmetry.matching import (activation_matching, activation_statistics, hungarian,
@@ -18,6 +19,6 @@ __all__ = [
     "hungarian", "weight_matching", "sign_aware_weight_matching", "variational_matching",
     "activation_statistics", "activation_matching", "sinkhorn", "sinkhorn_matching",
     "canonicalize", "normalize_neurons", "sort_neurons", "sphere_blocks", "to_spheres", "from_spheres",
-    "sphere_distance",
+    "sphere_distance", "product_manifold",
     "interpolation_curve", "barrier", "auc", "connectivity", "gaussian_interpolation_curve",
 ]

@@ -162,3 +162,11 @@ def sphere_distance(spec: MLPSpec, theta_a: Tensor, theta_b: Tensor, task: str =
             total = total + (ua - ub).pow(2).sum((1, 2))
         start += n * d
     return total.sqrt()
+
+
+def product_manifold(spec: MLPSpec, task: str = "classification"):
+    """The :class:`wsbook.manifolds.Product` of spheres that canonical networks of ``spec`` live on
+    (coordinates as produced by :func:`to_spheres`)."""
+    from wsbook.manifolds import Product   # imported lazily: manifolds does not depend on symmetry
+
+    return Product.from_blocks(sphere_blocks(spec, task)[0])

@@ -172,7 +172,7 @@ def fit_inr_pairs(spec: MLPSpec, n_pairs: int, *, n_grid: int = 32, steps: int =
 
 
 def inr_paths(spec: MLPSpec, nets: dict[str, Tensor], *, n_grid: int = 32, n_points: int = 25) -> dict[str, dict]:
-    """Reconstruction loss along the segment for the four settings of Mancusi (2023): same initialisation,
+    """Reconstruction loss along the segment for the four settings of Ballerini (2023): same initialisation,
     different initialisations, different + weight matching, different + activation matching."""
     x, y = shape_sdf(n_grid)
     a = nets["a"]
