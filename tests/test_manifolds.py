@@ -124,3 +124,13 @@ def test_bad_inputs_raise():
         Product.from_blocks([("sphere", 2, 3), ("euclidean", 1, 2)]).random_uniform(3)
     with pytest.raises(ValueError):
         Sphere(1)
+
+
+def test_norm_deviation_measures_drift():
+    p = Product.from_blocks([("sphere", 100, 3), ("euclidean", 1, 2)])
+    x = p.random_base(5, generator=torch.Generator().manual_seed(5))
+    assert p.norm_deviation(x).max() < 1e-12
+    y = x.clone()
+    y[2, 30:33] *= 1.5                                                   # stretch one factor of one point
+    y[:, -2:] *= 10                                                      # Euclidean part is free
+    assert torch.allclose(p.norm_deviation(y), torch.tensor([0.0, 0, 0.5, 0, 0]), atol=1e-12)

@@ -337,6 +337,15 @@ class Product(Manifold):
         b = self.blocks[block]
         return x[..., b.slice].reshape(*x.shape[:-1], b.n_factors, b.factor_dim)
 
+    def norm_deviation(self, x: Tensor) -> Tensor:
+        """``[...]``: the largest | |x_k| - 1 | over all sphere factors k (0 on the manifold; how far a
+        Euclidean operation has drifted off it)."""
+        _check_last_dim(f"{self.name}.norm_deviation", x, self.dim)
+        devs = [(parts[0].norm(dim=-1) - 1).abs().amax(-1) for m, b, parts in self._split(x) if b.kind == "sphere"]
+        if not devs:
+            return torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
+        return torch.stack(devs, -1).amax(-1)
+
     def projx(self, x: Tensor) -> Tensor:
         _check_last_dim(f"{self.name}.projx", x, self.dim)
         return self._map("projx", x)
