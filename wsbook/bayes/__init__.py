@@ -9,7 +9,7 @@ from wsbook.bayes.metrics import (accuracy, agreement, bma, brier, ece, ess, gau
                                   rmse, split_rhat, total_variation)
 from wsbook.bayes.model import GaussianPrior, LogPosterior, log_likelihood
 from wsbook.bayes.optim import MAPResult, deep_ensemble, fit_map, sgd_trajectory
-from wsbook.bayes.tasks import (METHODS, TASKS, Task, compare_methods, get_task, posterior_run,
+from wsbook.bayes.tasks import (METHODS, TASKS, Task, chain_modes, compare_methods, get_task, posterior_run,
                                 posterior_samples, predictive_from_outputs)
 from wsbook.bayes.vi import MeanFieldPosterior, fit_mean_field, fit_vi, gaussian_kl
 
@@ -21,6 +21,6 @@ __all__ = [
     "LaplacePosterior", "fit_laplace", "ggn", "jacobian",
     "DualAveraging", "SampleResult", "hmc", "sghmc", "sgld", "step_schedule",
     "MAPResult", "deep_ensemble", "fit_map", "sgd_trajectory",
-    "METHODS", "TASKS", "Task", "compare_methods", "get_task", "posterior_run", "posterior_samples",
+    "METHODS", "TASKS", "Task", "chain_modes", "compare_methods", "get_task", "posterior_run", "posterior_samples",
     "predictive_from_outputs",
 ]

@@ -155,8 +155,10 @@ def fit_laplace(log_posterior: LogPosterior, theta_map: Tensor, *, kind: str = "
         raise ValueError("fit_laplace needs a fixed noise_std")
     G = ggn(spec, theta, lp.x, lp.likelihood, lp.noise_std, kind, chunk) / lp.temperature
     if kind == "full":
-        eigvals, eigvecs = torch.linalg.eigh(G)
-        eigvals = eigvals.clamp_min(0.0)
+        G64 = G.double()
+        G64 = 0.5 * (G64 + G64.transpose(1, 2))          # exact symmetry for the eigensolver
+        eigvals, eigvecs = torch.linalg.eigh(G64)
+        eigvals, eigvecs = eigvals.clamp_min(0.0).to(theta.dtype), eigvecs.to(theta.dtype)
     else:
         eigvals, eigvecs = G.clamp_min(0.0), None
     with torch.no_grad():
