@@ -148,25 +148,34 @@ class MLPSpec:
         if x.dim() == 3 and x.shape[0] != B:
             raise ValueError(f"x has {x.shape[0]} input batches but theta has {B} networks")
         ws, bs = self.weights(theta), self.biases(theta)
+        # Hidden states are kept feature-major, [B, width, N]: every product below then reads and writes
+        # contiguous memory (BLAS takes the transposes as flags), so no layer copies its activations.
+        # The output is returned as a [B, N, out] view of a [B, out, N] tensor (softmax over classes then
+        # runs along contiguous points, which is much faster for few classes).
         hidden = []
-        h = x
+        h_t = x.transpose(-2, -1)  # [in, N] shared or [B, in, N]
         for layer, (w, b) in enumerate(zip(ws, bs)):
             o, i = self.layer_shapes[layer]
-            if h.dim() == 2:  # shared input: one wide GEMM for all networks
-                z = (h @ w.reshape(B * o, i).T).view(h.shape[0], B, o).transpose(0, 1)
+            if layer == 0 and x.dim() == 2:
+                # Shared input: one wide GEMM [B*o, i+1] @ [i+1, N] for all networks, the bias folded in
+                # as an extra input column so that neither forward nor backward needs a separate pass.
                 if b is not None:
-                    z = z + b.unsqueeze(1)
+                    w_aug = torch.cat([w, b.unsqueeze(2)], dim=2).reshape(B * o, i + 1)
+                    x_aug = torch.cat([h_t, h_t.new_ones(1, h_t.shape[1])], dim=0)
+                    z = (w_aug @ x_aug).view(B, o, -1)
+                else:
+                    z = (w.reshape(B * o, i) @ h_t).view(B, o, -1)
             elif b is not None:
-                z = torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
+                z = torch.baddbmm(b.unsqueeze(2), w, h_t)
             else:
-                z = torch.bmm(h, w.transpose(1, 2))
-            if layer < self.n_layers - 1:
-                h = self.act(z)
-                if return_hidden:
-                    hidden.append(h)
-            else:
-                h = z
-        return (h, hidden) if return_hidden else h
+                z = torch.bmm(w, h_t)
+            if layer == self.n_layers - 1:
+                out = z.transpose(1, 2)
+                return (out, hidden) if return_hidden else out
+            h_t = self.act(z)
+            if return_hidden:
+                hidden.append(h_t.transpose(1, 2))
+        raise AssertionError("unreachable")
 
     __call__ = forward
 
@@ -252,7 +261,8 @@ def per_member_loss(spec: MLPSpec, theta: Tensor, x: Tensor, y: Tensor, loss: st
     B, N = out.shape[0], out.shape[1]
     if loss == "cross_entropy":
         target = y.expand(B, N) if y.dim() == 1 else y
-        return F.cross_entropy(out.reshape(B * N, -1), target.reshape(-1), reduction="none").view(B, N).mean(1)
+        # [B, C, N] layout: log-softmax over classes with the points contiguous (see MLPSpec.forward)
+        return F.cross_entropy(out.transpose(1, 2), target, reduction="none").mean(1)
     if loss == "mse":
         target = y if y.dim() == 3 else y.reshape(N, -1).unsqueeze(0)  # [B, N, out] or shared [N, out]
         return ((out - target) ** 2).flatten(1).mean(1)
