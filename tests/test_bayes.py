@@ -70,6 +70,13 @@ def test_hmc_recovers_conjugate_posterior(linreg):
     assert 0.6 < r.accept_rate.mean() < 1.0
     _check_moments(r.flat(), linreg["mean"], linreg["cov"], tol_mean=0.15, tol_std=0.1)
     assert (bayes.split_rhat(r.samples) < 1.05).all()
+    # network evaluated in float32, Hamiltonian and positions in float64
+    lp32 = bayes.LogPosterior(linreg["spec"], linreg["X"].float(), linreg["y"][:, None].float(), 1.0, "gaussian",
+                              noise_std=linreg["sigma"])
+    r32 = bayes.hmc(lp32, torch.zeros(16, 3), n_samples=100, n_warmup=100, n_leapfrog=10, step_size=0.01,
+                    compute_dtype=torch.float32, generator=torch.Generator().manual_seed(0), progress=False)
+    assert r32.samples.dtype == torch.float64
+    _check_moments(r32.flat(), linreg["mean"], linreg["cov"], tol_mean=0.2, tol_std=0.15)
 
 
 def test_sgld_and_sghmc_recover_conjugate_posterior(linreg):

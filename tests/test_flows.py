@@ -230,3 +230,26 @@ def test_bad_inputs_raise():
         flows.log_likelihood(lambda t, x: x, torch.zeros(4, 2), estimator="skilling")
     with pytest.raises(ValueError, match="independent"):
         flows.make_coupling("sinkhorn")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_flow_pipeline_runs_on_cuda():
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(9)
+    s = Sphere(3)
+    target = flows.VonMisesFisherMixture(torch.tensor([[0.0, 0, 1]]), 10.0)
+    model = flows.TimeMLP(3, hidden=32, depth=2, manifold=s).to(dev)
+    res = flows.train_flow(model, lambda n, gen: target.sample(n, gen), s, path=flows.GeodesicPath(s),
+                           coupling=flows.OTCoupling(s), steps=20, batch_size=64, generator=g, progress=False)
+    x0 = s.random_base(32, generator=g, device=dev)
+    out = flows.solve_ode(res.ema, x0, manifold=s, method="rk4", steps=5)
+    assert out.x.device.type == "cuda" and s.belongs(out.x).all()
+    lik = flows.log_likelihood(res.ema, out.x, manifold=s, steps=5, estimator="hutchinson", n_probes=2, generator=g)
+    assert lik.logp.device.type == "cuda" and torch.isfinite(lik.logp).all()
+    euc = flows.TimeMLP(2, hidden=16, depth=1).to(dev)
+    res = flows.train_flow(euc, torch.randn(256, 2, device=dev) + 2, flows.standard_normal(2),
+                           path=flows.LinearPath(0.01), coupling=flows.OTCoupling(), steps=10, batch_size=32,
+                           generator=g, progress=False)
+    out = flows.solve_ode(res.ema, torch.randn(16, 2, device=dev), method="dopri5")
+    assert out.x.device.type == "cuda" and out.nfe > 0
+    assert flows.log_likelihood(res.ema, out.x, method="euler", steps=4).logp.device.type == "cuda"

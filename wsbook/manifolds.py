@@ -27,6 +27,13 @@ def _safe_norm(v: Tensor, dim: int = -1, keepdim: bool = False) -> Tensor:
     return torch.where(positive, torch.sqrt(torch.where(positive, sq, torch.ones_like(sq))), torch.zeros_like(sq))
 
 
+def _randn(shape: tuple[int, ...], generator: torch.Generator | None, dtype: torch.dtype | None,
+           device: torch.device | str | None) -> Tensor:
+    """Standard normals drawn on the generator's device (CPU generators stay reproducible) and moved."""
+    gen_device = generator.device if generator is not None else device
+    return torch.randn(*shape, generator=generator, dtype=dtype, device=gen_device).to(device or gen_device or "cpu")
+
+
 def _check_last_dim(name: str, x: Tensor, dim: int) -> None:
     if not isinstance(x, Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
@@ -171,7 +178,7 @@ class Euclidean(Manifold):
 
     def random_base(self, *shape: int, generator: torch.Generator | None = None,
                     device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Tensor:
-        return torch.randn(*shape, self.dim, generator=generator, dtype=dtype, device=device)
+        return _randn((*shape, self.dim), generator, dtype, device)
 
     def base_logprob(self, x: Tensor) -> Tensor:
         _check_last_dim(f"{self.name}.base_logprob", x, self.dim)
@@ -231,7 +238,7 @@ class Sphere(Manifold):
 
     def random_base(self, *shape: int, generator: torch.Generator | None = None,
                     device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Tensor:
-        return self.projx(torch.randn(*shape, self.dim, generator=generator, dtype=dtype, device=device))
+        return self.projx(_randn((*shape, self.dim), generator, dtype, device))
 
     random_uniform = random_base
 
@@ -392,7 +399,7 @@ class Product(Manifold):
 
     def random_base(self, *shape: int, generator: torch.Generator | None = None,
                     device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Tensor:
-        z = torch.randn(*shape, self.dim, generator=generator, dtype=dtype, device=device)
+        z = _randn((*shape, self.dim), generator, dtype, device)
         return self.projx(z)
 
     def base_logprob(self, x: Tensor) -> Tensor:

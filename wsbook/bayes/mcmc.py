@@ -89,12 +89,14 @@ class DualAveraging:
 def hmc(log_posterior: LogDensity, theta0: Tensor, *, n_samples: int, n_warmup: int = 100, n_leapfrog: int = 20,
         step_size: float = 1e-3, target_accept: float = 0.8, thin: int = 1, jitter: float = 0.2,
         max_energy_error: float = 1000.0, dtype: torch.dtype = torch.float64,
-        generator: torch.Generator | None = None, progress: bool | None = None) -> SampleResult:
+        compute_dtype: torch.dtype | None = None, generator: torch.Generator | None = None, progress: bool | None = None) -> SampleResult:
     """Hamiltonian Monte Carlo for ``C`` chains at once (Neal, 2011), identity mass matrix.
 
     Each iteration draws momenta, runs ``n_leapfrog`` leapfrog steps (the step size jittered by ``+-jitter``
     per chain and iteration), and accepts with probability ``min(1, exp(H_0 - H_1))``; ``H`` is computed in
-    ``dtype`` (float64 by default; positions are kept in ``dtype`` too). Step sizes adapt per chain by dual
+    ``dtype`` (float64 by default; positions and momenta are kept in ``dtype`` too). With ``compute_dtype``
+    (e.g. float32, much faster on GPUs) the network and its gradient are evaluated in that precision and
+    cast back, while positions, momenta and the Hamiltonian stay in ``dtype``. Step sizes adapt per chain by dual
     averaging during ``n_warmup`` iterations and are then frozen. A proposal whose energy is non-finite or
     whose energy error exceeds ``max_energy_error`` is rejected and counted in ``n_divergent`` (never accepted).
     ``n_samples`` draws per chain are kept after warm-up, every ``thin``-th iteration.
@@ -111,8 +113,15 @@ def hmc(log_posterior: LogDensity, theta0: Tensor, *, n_samples: int, n_warmup: 
     C, D = theta.shape
     dev = theta.device
     eps = torch.full((C,), float(step_size), dtype=dtype, device=dev)
+
+    def value_and_grad(q: Tensor) -> tuple[Tensor, Tensor]:
+        if compute_dtype is None:
+            return _value_and_grad(log_posterior, q)
+        v, g = _value_and_grad(log_posterior, q.to(compute_dtype))
+        return v.to(dtype), g.to(dtype)
+
     adapt = DualAveraging(eps, target=target_accept)
-    lp, grad = _value_and_grad(log_posterior, theta)
+    lp, grad = value_and_grad(theta)
     if not torch.isfinite(lp).all():
         raise ValueError("log_posterior is not finite at the initial state of chains "
                          f"{(~torch.isfinite(lp)).nonzero().flatten().tolist()[:10]}")
@@ -134,7 +143,7 @@ def hmc(log_posterior: LogDensity, theta0: Tensor, *, n_samples: int, n_warmup: 
         p = p + 0.5 * h[:, None] * g
         for k in range(n_leapfrog):
             q = q + h[:, None] * p
-            lp_new, g = _value_and_grad(log_posterior, q)
+            lp_new, g = value_and_grad(q)
             if k < n_leapfrog - 1:
                 p = p + h[:, None] * g
         p = p + 0.5 * h[:, None] * g

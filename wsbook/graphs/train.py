@@ -38,26 +38,38 @@ def embed_population(small: MLPSpec, theta: Tensor, big: MLPSpec) -> Tensor:
     return big.pack(ws, bs)
 
 
+def pooled_digits(x: Tensor, pool: int = 1) -> Tensor:
+    """Average-pool flattened 8x8 digit images ``[N, 64]`` by ``pool`` -> ``[N, (8 / pool)^2]``."""
+    if pool not in (1, 2, 4, 8) or x.dim() != 2 or x.shape[1] != 64:
+        raise ValueError(f"need x [N, 64] and pool in (1, 2, 4, 8); got {tuple(x.shape)} and {pool}")
+    if pool == 1:
+        return x
+    return torch.nn.functional.avg_pool2d(x.view(-1, 1, 8, 8), pool).flatten(1)
+
+
 @cached(version="1")
 def digits_zoo(hidden_widths: Sequence[int] = (4, 8, 16), lrs: Sequence[float] = (3e-4, 1e-3, 3e-3),
                n_seeds: int = 4, steps: int = 400, n_checkpoints: int = 4, depth: int = 2,
-               seed: int = 0) -> dict:
-    """A zoo of ReLU digit classifiers ``64 -> w x depth -> 10`` for every width, learning rate and seed, saved
-    at ``n_checkpoints`` evenly spaced training lengths; all embedded into the widest spec.
+               pool: int = 1, seed: int = 0) -> dict:
+    """A zoo of ReLU digit classifiers ``(64 / pool^2) -> w x depth -> 10`` for every width, learning rate and
+    seed, saved at ``n_checkpoints`` evenly spaced training lengths; all embedded into the widest spec.
+    ``pool`` > 1 average-pools the 8x8 images (``pool=2``: 4x4 images, 16 inputs, a 4x smaller first layer).
 
     Returns ``theta [M, D]``, ``test_accuracy [M]``, and per network ``width``, ``lr``, ``step``, ``run``
     (runs are seeds x widths x lrs; checkpoints of one run share its id).
     """
     ds = data.load("digits")
+    x_train, x_test = pooled_digits(ds.x_train, pool), pooled_digits(ds.x_test, pool)
+    n_in = x_train.shape[1]
     gen = torch.Generator().manual_seed(seed)
-    big = MLPSpec((64, *[max(hidden_widths)] * depth, 10))
+    big = MLPSpec((n_in, *[max(hidden_widths)] * depth, 10))
     thetas, meta = [], {"width": [], "lr": [], "step": [], "run": []}
     run = 0
     for width in hidden_widths:
-        spec = MLPSpec((64, *[width] * depth, 10))
+        spec = MLPSpec((n_in, *[width] * depth, 10))
         for lr in lrs:
             theta0 = spec.init(n_seeds, generator=gen)
-            res = train_population(spec, theta0, ds.x_train, ds.y_train, steps=steps, lr=lr, batch_size=32,
+            res = train_population(spec, theta0, x_train, ds.y_train, steps=steps, lr=lr, batch_size=32,
                                    checkpoint_every=steps // n_checkpoints, generator=gen, desc="zoo")
             ckpts = res.checkpoints.reshape(-1, spec.n_params)                      # [K*n_seeds, D]
             thetas.append(embed_population(spec, ckpts, big))
@@ -68,7 +80,7 @@ def digits_zoo(hidden_widths: Sequence[int] = (4, 8, 16), lrs: Sequence[float] =
             meta["run"].append(run + torch.arange(n_seeds).repeat(K))
             run += n_seeds
     theta = torch.cat(thetas)
-    acc = accuracy(big, theta, ds.x_test, ds.y_test)
+    acc = accuracy(big, theta, x_test, ds.y_test)
     return {"theta": theta, "test_accuracy": acc, **{k: torch.cat(v) for k, v in meta.items()},
             "widths": list(big.widths)}
 
@@ -146,10 +158,12 @@ def r2_score(pred: Tensor, target: Tensor) -> float:
 
 
 def generalization_benchmark(zoo: dict, models: dict[str, Callable[[], nn.Module]], *, epochs: int,
-                             lr: float = 1e-3, augmented: Sequence[str] = (), seed: int = 0,
+                             lr: float | dict[str, float] = 1e-3, augmented: Sequence[str] = (), seed: int = 0,
                              test_fraction: float = 0.3) -> dict[str, dict[str, float]]:
     """Train each model of ``models`` (name -> constructor) to predict test accuracy from weights on the
-    zoo's training runs and score it on held-out runs: Kendall tau, R^2, parameter count, seconds."""
+    zoo's training runs and score it on held-out runs: Kendall tau, R^2, parameter count, seconds.
+    ``lr`` is one learning rate or one per model name; models named in ``augmented`` see randomly
+    hidden-permuted networks in every minibatch."""
     import time
 
     from wsbook.graphs.models import count_parameters
@@ -162,7 +176,8 @@ def generalization_benchmark(zoo: dict, models: dict[str, Callable[[], nn.Module
         torch.manual_seed(seed)
         model = make().to(theta.device)
         start = time.perf_counter()
-        fit_predictor(model, theta[train_idx], acc[train_idx], epochs=epochs, lr=lr,
+        fit_predictor(model, theta[train_idx], acc[train_idx], epochs=epochs,
+                      lr=lr[name] if isinstance(lr, dict) else lr,
                       augment=graph if name in augmented else None, seed=seed)
         seconds = time.perf_counter() - start
         pred = predict(model, theta[test_idx])
