@@ -47,7 +47,7 @@ def pooled_digits(x: Tensor, pool: int = 1) -> Tensor:
     return torch.nn.functional.avg_pool2d(x.view(-1, 1, 8, 8), pool).flatten(1)
 
 
-@cached(version="1")
+@cached(version="2")
 def digits_zoo(hidden_widths: Sequence[int] = (4, 8, 16), lrs: Sequence[float] = (3e-4, 1e-3, 3e-3),
                n_seeds: int = 4, steps: int = 400, n_checkpoints: int = 4, depth: int = 2,
                pool: int = 1, seed: int = 0) -> dict:
@@ -56,14 +56,14 @@ def digits_zoo(hidden_widths: Sequence[int] = (4, 8, 16), lrs: Sequence[float] =
     ``pool`` > 1 average-pools the 8x8 images (``pool=2``: 4x4 images, 16 inputs, a 4x smaller first layer).
 
     Returns ``theta [M, D]``, ``test_accuracy [M]``, and per network ``width``, ``lr``, ``step``, ``run``
-    (runs are seeds x widths x lrs; checkpoints of one run share its id).
+    and ``seed`` (runs are seeds x widths x lrs; checkpoints of one run share its id).
     """
     ds = data.load("digits")
     x_train, x_test = pooled_digits(ds.x_train, pool), pooled_digits(ds.x_test, pool)
     n_in = x_train.shape[1]
     gen = torch.Generator().manual_seed(seed)
     big = MLPSpec((n_in, *[max(hidden_widths)] * depth, 10))
-    thetas, meta = [], {"width": [], "lr": [], "step": [], "run": []}
+    thetas, meta = [], {"width": [], "lr": [], "step": [], "run": [], "seed": []}
     run = 0
     for width in hidden_widths:
         spec = MLPSpec((n_in, *[width] * depth, 10))
@@ -78,6 +78,7 @@ def digits_zoo(hidden_widths: Sequence[int] = (4, 8, 16), lrs: Sequence[float] =
             meta["lr"].append(torch.full((K * n_seeds,), lr))
             meta["step"].append(torch.tensor(res.checkpoint_steps).repeat_interleave(n_seeds))
             meta["run"].append(run + torch.arange(n_seeds).repeat(K))
+            meta["seed"].append(torch.arange(n_seeds).repeat(K))
             run += n_seeds
     theta = torch.cat(thetas)
     acc = accuracy(big, theta, x_test, ds.y_test)
@@ -85,12 +86,14 @@ def digits_zoo(hidden_widths: Sequence[int] = (4, 8, 16), lrs: Sequence[float] =
             "widths": list(big.widths)}
 
 
-def split_by_run(run: Tensor, test_fraction: float = 0.3, seed: int = 0) -> tuple[Tensor, Tensor]:
-    """Indices of train / held-out networks such that all checkpoints of one training run fall on one side."""
-    runs = run.unique()
-    order = runs[torch.randperm(len(runs), generator=torch.Generator().manual_seed(seed))]
-    held = order[:max(1, int(round(test_fraction * len(runs))))]
-    is_test = torch.isin(run, held.to(run.device))
+def split_by_seed(seed: Tensor, n_test_seeds: int = 1) -> tuple[Tensor, Tensor]:
+    """Indices of train / held-out networks: the runs of the last ``n_test_seeds`` seeds of every
+    (width, learning rate) configuration are held out, with all their checkpoints, so held-out networks
+    come from unseen training runs while every configuration appears on both sides."""
+    n_seeds = int(seed.max()) + 1
+    if not 1 <= n_test_seeds < n_seeds:
+        raise ValueError(f"n_test_seeds must be in [1, {n_seeds - 1}] for a zoo of {n_seeds} seeds; got {n_test_seeds}")
+    is_test = seed >= n_seeds - n_test_seeds
     return (~is_test).nonzero().flatten(), is_test.nonzero().flatten()
 
 
@@ -159,7 +162,7 @@ def r2_score(pred: Tensor, target: Tensor) -> float:
 
 def generalization_benchmark(zoo: dict, models: dict[str, Callable[[], nn.Module]], *, epochs: int,
                              lr: float | dict[str, float] = 1e-3, augmented: Sequence[str] = (), seed: int = 0,
-                             test_fraction: float = 0.3) -> dict[str, dict[str, float]]:
+                             n_test_seeds: int = 1) -> dict[str, dict[str, float]]:
     """Train each model of ``models`` (name -> constructor) to predict test accuracy from weights on the
     zoo's training runs and score it on held-out runs: Kendall tau, R^2, parameter count, seconds.
     ``lr`` is one learning rate or one per model name; models named in ``augmented`` see randomly
@@ -169,7 +172,7 @@ def generalization_benchmark(zoo: dict, models: dict[str, Callable[[], nn.Module
     from wsbook.graphs.models import count_parameters
 
     theta, acc = zoo["theta"], zoo["test_accuracy"]
-    train_idx, test_idx = split_by_run(zoo["run"], test_fraction, seed)
+    train_idx, test_idx = split_by_seed(zoo["seed"], n_test_seeds)
     graph = NeuralGraph(MLPSpec(tuple(zoo["widths"])))
     results = {}
     for name, make in models.items():

@@ -1,0 +1,49 @@
+"""Drawing a neural graph: neurons as nodes coloured by bias, weights as edges coloured by value."""
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.colors import sample_colorscale
+from torch import Tensor
+
+from wsbook.graphs.neural_graph import NeuralGraph
+
+
+def draw_neural_graph(graph: NeuralGraph, theta: Tensor, *, n_bins: int = 15, colorscale: str = "RdBu",
+                      title: str = "") -> go.Figure:
+    """An interactive drawing of one network ``theta [D]`` as its neural graph. Edges are binned into
+    ``n_bins`` colours of a diverging scale symmetric around zero (one trace per bin, so the figure stays
+    light); hovering a node shows its layer, index and bias. For CNN graphs the edge colour is the
+    kernel's mean weight."""
+    theta = graph.spec.check(theta)
+    if theta.shape[0] != 1:
+        raise ValueError(f"draw one network at a time; got {theta.shape[0]}")
+    gb = graph.to_graph(theta.detach().cpu())
+    layer = graph.node_layer.numpy()
+    index = np.concatenate([np.arange(w) - (w - 1) / 2 for w in graph.widths])
+    xs, ys = layer.astype(float), index
+    weight = gb.edge_attr.mean(1).numpy()
+    bias = gb.x[:, 0].numpy()
+    vmax = float(np.abs(weight).max()) or 1.0
+    edges = np.digitize(weight, np.linspace(-vmax, vmax, n_bins + 1)[1:-1])
+    colors = sample_colorscale(colorscale, list(np.linspace(0, 1, n_bins)))
+    src, dst = graph.edge_index.numpy()
+    fig = go.Figure()
+    for k in range(n_bins):
+        sel = np.nonzero(edges == k)[0]
+        if len(sel) == 0:
+            continue
+        ex = np.stack([xs[src[sel]], xs[dst[sel]], np.full(len(sel), np.nan)], 1).ravel()
+        ey = np.stack([ys[src[sel]], ys[dst[sel]], np.full(len(sel), np.nan)], 1).ravel()
+        fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line=dict(color=colors[k], width=1.2), hoverinfo="skip",
+                                 showlegend=False, opacity=0.8))
+    hover = [f"layer {l}, neuron {int(i + (graph.widths[l] - 1) / 2)}<br>bias {b:.3f}" for l, i, b in zip(layer, index, bias)]
+    bmax = float(np.abs(bias).max()) or 1.0
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", hovertext=hover, hoverinfo="text", showlegend=False,
+                             marker=dict(size=11, color=bias, colorscale=colorscale, cmin=-bmax, cmax=bmax,
+                                         line=dict(color="#333", width=1),
+                                         colorbar=dict(title="bias / weight", thickness=12))))
+    fig.update_layout(title=title, xaxis=dict(title="layer", tickvals=list(range(len(graph.widths))), zeroline=False,
+                                              showgrid=False),
+                      yaxis=dict(visible=False), height=420)
+    return fig
