@@ -223,3 +223,15 @@ def test_non_finite_energy_is_rejected_and_counted():
     assert r.n_divergent.sum() > 0
     assert r.samples.abs().max() <= 2.0  # no NaN state was ever accepted
     assert torch.isfinite(r.log_prob).all()
+
+
+def test_learned_noise_gaussian_likelihood(linreg):
+    lp = linreg["lp"]
+    learned = bayes.LogPosterior(lp.spec, lp.x, lp.y, 1.0, "gaussian", noise_std=1.0, learn_noise=True)
+    theta = torch.randn(3, 3, dtype=torch.float64)
+    with_noise = torch.cat([theta, torch.full((3, 1), math.log(linreg["sigma"]), dtype=torch.float64)], 1)
+    # the likelihood part equals the fixed-noise one at the same sigma
+    assert torch.allclose(learned.log_likelihood(with_noise), lp.log_likelihood(theta))
+    fit = bayes.fit_map(learned, learned.init(2, dtype=torch.float64), steps=1500, lr=0.05, progress=False)
+    sigma_hat = fit.theta[:, -1].exp()
+    assert ((sigma_hat - linreg["sigma"]).abs() < 0.15).all(), sigma_hat
