@@ -44,9 +44,11 @@ class Task:
 
     @property
     def spec(self) -> MLPSpec:
+        """The task's architecture."""
         return MLPSpec(self.widths, activation=self.activation)
 
     def data(self) -> data.Dataset:
+        """The task's standardized splits."""
         return data.load(self.dataset)
 
     def log_posterior(self, dtype: torch.dtype = torch.float32, temperature: float = 1.0) -> LogPosterior:
@@ -147,8 +149,10 @@ def _run(t: Task, method: str, n: int, seed: int) -> dict:
         start_points = deep_ensemble(lp, C, steps=cfg["map_steps"], lr=1e-2, batch_size=t.batch_size,
                                      generator=gen).theta
         step0 = 0.1 / math.sqrt(lp.n_data)
-        r = hmc(lp.to(torch.float64), start_points, n_samples=S, n_warmup=cfg["warmup"],
-                n_leapfrog=cfg["leapfrog"], step_size=step0, thin=cfg["thin"], generator=gen)
+        on_gpu = lp.x.is_cuda      # GPUs: network in float32, positions and energies in float64
+        r = hmc(lp if on_gpu else lp.to(torch.float64), start_points, n_samples=S, n_warmup=cfg["warmup"],
+                n_leapfrog=cfg["leapfrog"], step_size=step0, thin=cfg["thin"], generator=gen,
+                compute_dtype=torch.float32 if on_gpu else None)
         theta = r.samples.reshape(-1, spec.n_params)[:n].float()
         out.update(n_chains=C, accept_rate=float(r.accept_rate.mean()), step_size=float(r.step_size.mean()),
                    n_divergent=int(r.n_divergent.sum()),
