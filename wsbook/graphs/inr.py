@@ -65,7 +65,9 @@ def digit_inr_zoo(n_images: int = 256, hidden: int = 16, depth: int = 2, frequen
 
 
 class INREncoder(nn.Module):
-    """Permutation- and sign-invariant encoder: sign canonicalization, then an invariant GNN."""
+    """Permutation- and sign-invariant encoder: sign canonicalization, then an invariant GNN, then batch
+    normalization of the latent (the pooled GNN features differ little between networks at initialisation;
+    standardizing them over the zoo gives the decoder an informative code from the first step)."""
 
     def __init__(self, spec: MLPSpec, dim: int = 32, n_layers: int = 2, latent: int = 32, layer: str = "pna"):
         super().__init__()
@@ -73,9 +75,10 @@ class INREncoder(nn.Module):
             raise ValueError(f"sign flips are a symmetry only for odd activations; got {spec.activation!r}")
         self.gnn = WeightSpaceGNN(spec, layer, dim=dim, n_layers=n_layers, head="invariant", out_dim=latent)
         self.graph = self.gnn.graph
+        self.norm = nn.BatchNorm1d(latent)   # standardizes each latent coordinate over the zoo
 
     def forward(self, theta: Tensor) -> Tensor:
-        return self.gnn(self.graph.sign_canonicalize(theta))
+        return self.norm(self.gnn(self.graph.sign_canonicalize(theta)))
 
 
 class INRAutoencoder(nn.Module):
@@ -107,6 +110,7 @@ def fit_autoencoder(model: INRAutoencoder, theta: Tensor, images: Tensor, *, epo
     coords = pixel_grid(8, theta.device)
     with torch.no_grad():   # decoder outputs start at the zoo's per-parameter scale
         model.theta_scale.copy_(theta.abs().mean(0).clamp_min(1e-3))
+    model.encoder.gnn.set_normalization(model.encoder.graph.sign_canonicalize(theta))
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs)

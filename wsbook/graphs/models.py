@@ -50,19 +50,37 @@ class WeightSpaceGNN(nn.Module):
             self.layers = nn.ModuleList(RelationalTransformerLayer(dim, heads, attention) for _ in range(n_layers))
         self.time = FourierTime(dim) if time else None
         self.time_film = nn.ModuleList(nn.Linear(dim, 2 * dim) for _ in range(n_layers)) if time else None
+        self.register_buffer("edge_scale", torch.ones(g.n_edges))
+        self.register_buffer("node_scale", torch.ones(g.n_nodes))
         if head == "invariant":
             self.readout = mlp([3 * dim, dim, out_dim])
         else:
             self.edge_head = mlp([dim, dim, g.edge_dim])
             self.node_head = mlp([dim, dim, 1])
 
+    @torch.no_grad()
+    def set_normalization(self, theta: Tensor) -> None:
+        """Scale each layer's weights and biases to unit standard deviation over the population ``theta``
+        (one scalar per layer, as in Kofinas et al. 2024, so equivariance is untouched)."""
+        g = self.graph
+        gb = g.to_graph(g.spec.check(theta).detach())
+        B = gb.num_graphs
+        edges, nodes = gb.edge_attr.view(B, g.n_edges, -1), gb.x.view(B, g.n_nodes)
+        edge_layer = g.node_layer[g.edge_index[1]].to(theta.device)
+        node_layer = g.node_layer.to(theta.device)
+        for layer in range(1, len(g.widths)):
+            e_sel, n_sel = edge_layer == layer, node_layer == layer
+            self.edge_scale[e_sel] = 1.0 / edges[:, e_sel].std().clamp_min(1e-6)
+            self.node_scale[n_sel] = 1.0 / nodes[:, n_sel].std().clamp_min(1e-6)
+
     def embed(self, theta: Tensor, t: Tensor | None = None) -> tuple[Tensor, Tensor, "object"]:
         """Node and edge features ``[B*N, dim]``, ``[B*E, dim]`` after all layers, and the graph batch."""
         gb = self.graph.to_graph(theta)
         if (self.time is None) != (t is None):
             raise ValueError("pass t exactly when the model was built with time=True")
-        h = self.node_in(gb.x) + self.pos(gb.pos)
-        e = self.edge_in(gb.edge_attr)
+        B = gb.num_graphs
+        h = self.node_in(gb.x * self.node_scale.repeat(B).unsqueeze(-1)) + self.pos(gb.pos)
+        e = self.edge_in(gb.edge_attr * self.edge_scale.repeat(B).unsqueeze(-1))
         cond = self.time(t.expand(gb.num_graphs) if t.dim() == 0 else t) if self.time is not None else None
         for k, layer in enumerate(self.layers):
             if cond is not None:

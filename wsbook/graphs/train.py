@@ -108,6 +108,8 @@ def fit_predictor(model: nn.Module, theta: Tensor, y: Tensor, *, epochs: int = 1
     if theta.dim() != 2 or y.shape != (theta.shape[0],):
         raise ValueError(f"theta must be [M, D] and y [M]; got {tuple(theta.shape)} and {tuple(y.shape)}")
     gen = torch.Generator().manual_seed(seed)
+    if hasattr(model, "set_normalization"):
+        model.set_normalization(theta)
     mean, std = y.mean(), y.std().clamp_min(1e-8)
     model.register_buffer("y_mean", mean.detach().clone(), persistent=False)
     model.register_buffer("y_std", std.detach().clone(), persistent=False)
@@ -162,9 +164,10 @@ def r2_score(pred: Tensor, target: Tensor) -> float:
 
 def generalization_benchmark(zoo: dict, models: dict[str, Callable[[], nn.Module]], *, epochs: int,
                              lr: float | dict[str, float] = 1e-3, augmented: Sequence[str] = (), seed: int = 0,
-                             n_test_seeds: int = 1) -> dict[str, dict[str, float]]:
+                             n_test_seeds: int = 1) -> dict:
     """Train each model of ``models`` (name -> constructor) to predict test accuracy from weights on the
-    zoo's training runs and score it on held-out runs: Kendall tau, R^2, parameter count, seconds.
+    zoo's training runs and score it on held-out runs. Returns ``metrics`` (name -> Kendall tau, R^2,
+    parameter count, training seconds), ``predictions`` (name -> ``[M_test]``), ``target`` and ``test_index``.
     ``lr`` is one learning rate or one per model name; models named in ``augmented`` see randomly
     hidden-permuted networks in every minibatch."""
     import time
@@ -174,7 +177,7 @@ def generalization_benchmark(zoo: dict, models: dict[str, Callable[[], nn.Module
     theta, acc = zoo["theta"], zoo["test_accuracy"]
     train_idx, test_idx = split_by_seed(zoo["seed"], n_test_seeds)
     graph = NeuralGraph(MLPSpec(tuple(zoo["widths"])))
-    results = {}
+    results, predictions = {}, {}
     for name, make in models.items():
         torch.manual_seed(seed)
         model = make().to(theta.device)
@@ -186,4 +189,5 @@ def generalization_benchmark(zoo: dict, models: dict[str, Callable[[], nn.Module
         pred = predict(model, theta[test_idx])
         results[name] = {"kendall_tau": kendall_tau(pred, acc[test_idx]), "r2": r2_score(pred, acc[test_idx]),
                          "parameters": count_parameters(model), "train_seconds": seconds}
-    return results
+        predictions[name] = pred
+    return {"metrics": results, "predictions": predictions, "target": acc[test_idx], "test_index": test_idx}
