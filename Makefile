@@ -24,19 +24,19 @@ book: install
 	@echo "open _build/html/index.html"
 
 test: install browser-deps
-	CI=$${CI:-1} $(PY) tests/gates.py
+	CI=$${CI:-1} WSBOOK_SCALE=ci $(PY) tests/gates.py
 
 unit: install
-	$(PY) tests/gates.py unit
+	WSBOOK_SCALE=ci $(PY) tests/gates.py unit
 
 chapters: install
-	$(PY) tests/gates.py chapters
+	WSBOOK_SCALE=ci $(PY) tests/gates.py chapters
 
 book-ci: install
-	$(PY) tests/gates.py book
+	WSBOOK_SCALE=ci $(PY) tests/gates.py book
 
 browser: install browser-deps
-	$(PY) tests/gates.py browser
+	WSBOOK_SCALE=ci $(PY) tests/gates.py browser
 
 browser-deps:
 	@command -v chromium >/dev/null || { echo "installing Debian chromium for the browser gate"; \
