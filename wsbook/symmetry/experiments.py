@@ -17,8 +17,8 @@ from wsbook.cache import cached
 from wsbook.nets import MLPSpec, train_population
 from wsbook.symmetry.canonical import canonicalize, normalize_neurons, sphere_distance
 from wsbook.symmetry.lmc import auc, barrier, connectivity, gaussian_interpolation_curve
-from wsbook.symmetry.matching import (activation_matching, sinkhorn_matching, variational_matching,
-                                      weight_matching)
+from wsbook.symmetry.matching import (activation_matching, sign_aware_weight_matching, sinkhorn_matching,
+                                      variational_matching, weight_matching)
 
 ALIGNMENT_METHODS = ("naive", "weight_matching", "activation_matching", "sinkhorn_l2", "sinkhorn_midpoint",
                      "sinkhorn_random", "wm_sinkhorn")
@@ -173,11 +173,14 @@ def fit_inr_pairs(spec: MLPSpec, n_pairs: int, *, n_grid: int = 32, steps: int =
 
 def inr_paths(spec: MLPSpec, nets: dict[str, Tensor], *, n_grid: int = 32, n_points: int = 25) -> dict[str, dict]:
     """Reconstruction loss along the segment for the four settings of Ballerini (2023): same initialisation,
-    different initialisations, different + weight matching, different + activation matching."""
+    different initialisations, different + weight matching, different + activation matching; for odd
+    activations also different + sign-aware weight matching (Boufalis et al., 2025)."""
     x, y = shape_sdf(n_grid)
     a = nets["a"]
     cands = {"same": nets["same"], "diff": nets["diff"], "diff_weight_matching": weight_matching(spec, a, nets["diff"])[1],
              "diff_activation_matching": activation_matching(spec, a, nets["diff"], x)[1]}
+    if spec.activation in ("sine", "tanh"):   # odd activations: permutations and sign flips together
+        cands["diff_sign_aware"] = sign_aware_weight_matching(spec, a, nets["diff"])[2]
     return {k: connectivity(spec, a, v, x, y, n_points=n_points, loss="mse") for k, v in cands.items()}
 
 
