@@ -27,6 +27,9 @@ METHOD_COLORS: dict[str, str] = {
     # alignment
     "naive": "#999999", "weight_matching": "#0072B2", "activation_matching": "#009E73", "sinkhorn": "#E69F00",
     "wm_sinkhorn": "#D55E00", "learned": "#CC79A7", "autoencoder": "#CC79A7",
+    "sinkhorn_l2": "#F0E442", "sinkhorn_midpoint": "#E69F00", "sinkhorn_random": "#999933",
+    "sign_aware_weight_matching": "#56B4E9", "variational_matching": "#0072B2", "mixture_path": "#AA4499",
+    "same_initialisation": "#000000",
     # models over weights
     "pna": "#0072B2", "relational_transformer": "#D55E00", "mlp": "#999999", "mlp_augmented": "#009E73",
     # couplings
