@@ -10,6 +10,7 @@ batched form), which runs on ``[width, width]`` matrices already computed.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -33,8 +34,19 @@ def hungarian(cost: Tensor, maximize: bool = True) -> Tensor:
     if not np.isfinite(c).all():
         raise FloatingPointError("assignment cost contains NaN or inf")
     out = np.empty(c.shape[:2], dtype=np.int64)
-    for b in range(c.shape[0]):  # no batched LAP solver exists in SciPy; everything around it is batched
+
+    def solve(b: int) -> None:
         out[b] = linear_sum_assignment(c[b], maximize=maximize)[1]
+
+    # no batched LAP solver exists in SciPy, so this is the one per-network loop; SciPy releases the GIL
+    # inside the solver, so large batches are spread over the torch CPU threads
+    workers = min(torch.get_num_threads(), c.shape[0] // 8)
+    if workers > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(solve, range(c.shape[0])))
+    else:
+        for b in range(c.shape[0]):
+            solve(b)
     return torch.from_numpy(out).to(cost.device)
 
 
