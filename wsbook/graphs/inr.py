@@ -35,9 +35,11 @@ def render(spec: MLPSpec, theta: Tensor, coords: Tensor) -> Tensor:
 
 @cached(version="1")
 def digit_inr_zoo(n_images: int = 256, hidden: int = 16, depth: int = 2, frequency: float = 10.0,
-                  steps: int = 500, lr: float = 1e-3, seed: int = 0) -> dict:
+                  steps: int = 500, lr: float = 1e-3, shared_init: bool = False, seed: int = 0) -> dict:
     """Fit one SIREN ``2 -> hidden x depth -> 1`` (Sitzmann et al., 2020) to each of the first
-    ``n_images`` digits of the training split (pixels scaled to [0, 1]), all at once with Adam.
+    ``n_images`` digits of the training split (pixels scaled to [0, 1]), all at once with Adam. With
+    ``shared_init`` every SIREN starts from the same random initialisation (as in many INR datasets),
+    otherwise each has its own.
 
     Returns ``theta [B, D]``, ``images [B, 64]``, ``labels [B]``, ``mse [B]`` and ``widths`` / ``frequency``.
     """
@@ -49,7 +51,8 @@ def digit_inr_zoo(n_images: int = 256, hidden: int = 16, depth: int = 2, frequen
     spec = MLPSpec((2, *[hidden] * depth, 1), activation="sine", frequency=frequency)
     coords = pixel_grid(8, x.device)
     gen = torch.Generator().manual_seed(seed)
-    theta = spec.init(n_images, "siren", generator=gen, device=x.device).requires_grad_(True)
+    theta = spec.init(1 if shared_init else n_images, "siren", generator=gen, device=x.device)
+    theta = theta.expand(n_images, -1).clone().requires_grad_(True)
     opt = torch.optim.Adam([theta], lr=lr)
     for _ in range(steps):
         loss = ((render(spec, theta, coords) - images) ** 2).mean(1)
