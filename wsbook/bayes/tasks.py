@@ -41,6 +41,7 @@ class Task:
     noise_std: float = 1.0        # regression: observation noise in standardized units
     batch_size: int | None = 64   # minibatch of the stochastic methods
     step_scale: float = 1.0       # SGLD / SGHMC step sizes are step_scale * (0.5, 0.02) / N
+    leapfrog_scale: float = 1.0   # HMC trajectory length relative to the scale's default (cost control)
 
     @property
     def spec(self) -> MLPSpec:
@@ -71,7 +72,7 @@ class Task:
 
 TASKS: dict[str, Task] = {
     "breast_cancer": Task("breast_cancer", "breast_cancer", (30, 16, 16, 2)),
-    "digits": Task("digits", "digits", (64, 16, 10), batch_size=128),
+    "digits": Task("digits", "digits", (64, 16, 10), batch_size=128, leapfrog_scale=0.5),
     "mnist5k": Task("mnist5k", "mnist5k", (784, 10, 10), batch_size=128),
     "moons": Task("moons", "moons", (2, 16, 16, 2)),
     "gap1d": Task("gap1d", "gap1d", (1, 32, 32, 1), likelihood="gaussian", noise_std=0.1, batch_size=None,
@@ -151,7 +152,8 @@ def _run(t: Task, method: str, n: int, seed: int) -> dict:
         step0 = 0.1 / math.sqrt(lp.n_data)
         on_gpu = lp.x.is_cuda      # GPUs: network in float32, positions and energies in float64
         r = hmc(lp if on_gpu else lp.to(torch.float64), start_points, n_samples=S, n_warmup=cfg["warmup"],
-                n_leapfrog=cfg["leapfrog"], step_size=step0, thin=cfg["thin"], generator=gen,
+                n_leapfrog=max(2, round(cfg["leapfrog"] * t.leapfrog_scale)), step_size=step0, thin=cfg["thin"],
+                generator=gen,
                 compute_dtype=torch.float32 if on_gpu else None)
         theta = r.samples.reshape(-1, spec.n_params)[:n].float()
         out.update(n_chains=C, accept_rate=float(r.accept_rate.mean()), step_size=float(r.step_size.mean()),
