@@ -147,15 +147,23 @@ def _run(t: Task, method: str, n: int, seed: int) -> dict:
     elif method == "hmc":
         C = cfg["chains"]
         S = math.ceil(n / C)
+        S_full = max(S, 16)        # at least 16 draws per chain for the convergence diagnostics
         start_points = deep_ensemble(lp, C, steps=cfg["map_steps"], lr=1e-2, batch_size=t.batch_size,
                                      generator=gen).theta
         step0 = 0.1 / math.sqrt(lp.n_data)
         on_gpu = lp.x.is_cuda      # GPUs: network in float32, positions and energies in float64
-        r = hmc(lp if on_gpu else lp.to(torch.float64), start_points, n_samples=S, n_warmup=cfg["warmup"],
+        r = hmc(lp if on_gpu else lp.to(torch.float64), start_points, n_samples=S_full, n_warmup=cfg["warmup"],
                 n_leapfrog=max(2, round(cfg["leapfrog"] * t.leapfrog_scale)), step_size=step0, thin=cfg["thin"],
                 generator=gen,
                 compute_dtype=torch.float32 if on_gpu else None)
-        theta = r.samples.reshape(-1, spec.n_params)[:n].float()
+        with torch.no_grad():
+            f_all = _outputs(spec, r.samples.reshape(-1, spec.n_params).float(), ds.x_test)
+        f_all = torch.softmax(f_all, -1) if t.likelihood == "categorical" else f_all
+        f_all = f_all.view(S_full, C, *f_all.shape[1:])
+        keep = torch.linspace(0, S_full - 1, S).round().long()         # evenly spaced draws of every chain
+        theta = r.samples[keep].reshape(-1, spec.n_params)[:n].float()
+        out.update(rhat_median=float(split_rhat(f_all).median()), ess_median=float(ess(f_all).median()),
+                   draws_per_chain=S_full)
         out.update(n_chains=C, accept_rate=float(r.accept_rate.mean()), step_size=float(r.step_size.mean()),
                    n_divergent=int(r.n_divergent.sum()),
                    n_divergent_after_warmup=int(r.info["n_divergent_after_warmup"]))
@@ -178,7 +186,7 @@ def _run(t: Task, method: str, n: int, seed: int) -> dict:
     if t.grid() is not None:
         grid = t.grid().to(ds.x_test)
         out["f_grid"] = _outputs(spec, theta, grid) if f_grid is None else f_grid.float()
-    if "n_chains" in out and method != "sgd_trajectory":
+    if "n_chains" in out and method not in ("sgd_trajectory", "hmc"):
         C = out["n_chains"]
         S = n // C
         if S >= 4:
@@ -189,12 +197,14 @@ def _run(t: Task, method: str, n: int, seed: int) -> dict:
     return out
 
 
-@cached(version="1")
+@cached(version="2")
 def posterior_run(task: str, method: str, n: int, seed: int = 0) -> dict:
     """Run ``method`` on ``task`` and keep ``n`` posterior samples (cached). Keys: ``theta [n, D]`` (for chain
     methods draw-major: row ``s * n_chains + c``), ``f_test [n, N_test, out]`` and, for 1-D/2-D tasks,
     ``f_grid [n, N_grid, out]`` (network outputs; for Laplace from the linearized predictive), ``seconds``
-    (wall time), and method diagnostics (acceptance, step size, divergences, function-space R-hat / ESS)."""
+    (wall time), and method diagnostics (acceptance, step size, divergences, function-space split-R-hat and
+    ESS of the test-set predictive across chains; for HMC over all ``draws_per_chain >= 16`` draws, of
+    which ``n`` evenly spaced ones are returned)."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
     if not isinstance(n, int) or n < 1:
