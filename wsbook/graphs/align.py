@@ -1,0 +1,145 @@
+"""Learned alignment: an equivariant network that maps a pair of networks to permutations (DEEP-ALIGN,
+Navon et al., 2024, paper ``001``), in a compact form.
+
+A shared equivariant GNN embeds the hidden neurons of both networks; for every hidden layer the score
+``S_l[i, j] = <u(h^a_i), u(h^b_j)>`` compares neuron ``i`` of network ``a`` with neuron ``j`` of ``b``.
+Training relaxes ``S_l`` to a doubly stochastic matrix with Sinkhorn; at test time the Hungarian method
+hardens it. Because the embedding is equivariant, permuting ``b``'s neurons permutes the columns of
+``S_l``, so the predicted alignment follows the planted permutation exactly.
+
+Training combines the two losses of paper ``001``: recovering planted permutations of noisy copies
+(supervised), and the task loss at the midpoint of ``a`` and the softly aligned ``b`` (the
+interpolation / LMC loss, unsupervised).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from wsbook.graphs.models import WeightSpaceGNN
+from wsbook.nets import MLPSpec, per_member_loss
+
+
+class LearnedAligner(nn.Module):
+    """Pairs ``(theta_a, theta_b)`` ``[B, D]`` -> per hidden layer scores ``[B, w, w]`` (row: neuron of ``a``)."""
+
+    def __init__(self, spec: MLPSpec, dim: int = 32, n_layers: int = 2, layer: str = "pna"):
+        super().__init__()
+        self.spec = spec
+        self.gnn = WeightSpaceGNN(spec, layer, dim=dim, n_layers=n_layers, head="invariant", out_dim=1)
+        self.graph = self.gnn.graph
+        self.proj = nn.Sequential(nn.Linear(dim, dim), nn.SiLU(), nn.Linear(dim, dim))
+        self.log_temperature = nn.Parameter(torch.zeros(()))
+
+    def scores(self, theta_a: Tensor, theta_b: Tensor) -> list[Tensor]:
+        a, b = self.spec.check(theta_a, "theta_a"), self.spec.check(theta_b, "theta_b")
+        if a.shape != b.shape:
+            raise ValueError(f"theta_a and theta_b must both be [B, {self.spec.n_params}]; got {tuple(a.shape)} and {tuple(b.shape)}")
+        B, N = a.shape[0], self.graph.n_nodes
+        h, _, _ = self.gnn.embed(torch.cat([a, b]))
+        u = self.proj(h).view(2 * B, N, -1)
+        out = []
+        for layer in range(1, len(self.spec.widths) - 1):
+            s, w = self.graph.layer_start[layer], self.spec.widths[layer]
+            ua, ub = u[:B, s:s + w], u[B:, s:s + w]
+            out.append(ua @ ub.transpose(1, 2) / math.sqrt(u.shape[-1]) * self.log_temperature.exp() * 10)
+        return out
+
+    @torch.no_grad()
+    def align(self, theta_a: Tensor, theta_b: Tensor) -> tuple[list[Tensor], Tensor]:
+        """Hard alignment of ``b`` to ``a``: permutations (Hungarian on the scores) and the permuted ``b``."""
+        from wsbook.symmetry import hungarian, permute
+
+        self.eval()
+        perms = [hungarian(s) for s in self.scores(theta_a, theta_b)]
+        return perms, permute(self.spec, self.spec.check(theta_b), perms)
+
+
+def fit_aligner(model: LearnedAligner, zoo: Tensor, x: Tensor, y: Tensor, *, steps: int = 300, batch_size: int = 16,
+                lr: float = 1e-3, noise: float = 0.02, lmc_weight: float = 1.0, n_iter: int = 20,
+                seed: int = 0) -> Tensor:
+    """Train on random pairs of ``zoo`` networks: cross-entropy of the Sinkhorn matrix against the planted
+    permutation of a noisy copy, plus ``lmc_weight`` times the task loss of the midpoint
+    ``(a + P(b)) / 2`` on a data batch (paper ``001``, eq. 6-7). Returns the per-step losses ``[steps, 2]``."""
+    from wsbook.symmetry import inverse_permutation, permute, permute_soft, random_permutation, sinkhorn
+
+    spec = model.spec
+    zoo = spec.check(zoo)
+    gen = torch.Generator().manual_seed(seed)
+    model.gnn.set_normalization(zoo)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    history = torch.empty(steps, 2)
+    model.train()
+    for step in range(steps):
+        idx = torch.randint(0, zoo.shape[0], (2, batch_size), generator=gen).to(zoo.device)
+        a, b = zoo[idx[0]], zoo[idx[1]]
+        # supervised: b' = g(a + noise); the alignment of b' to a is g^{-1}
+        g = random_permutation(spec, batch_size, gen, device=zoo.device)
+        planted = permute(spec, a + noise * torch.randn(a.shape, generator=gen).to(a), g)
+        target = inverse_permutation(g)
+        ce = sum(-torch.log(sinkhorn(s, n_iter).gather(2, t.unsqueeze(2)).clamp_min(1e-9)).mean()
+                 for s, t in zip(model.scores(a, planted), target))
+        # unsupervised: the midpoint of a and the softly aligned b should fit the data
+        P = [sinkhorn(s, n_iter) for s in model.scores(a, b)]
+        mid = 0.5 * (a + permute_soft(spec, b, P))
+        rows = torch.randint(0, x.shape[0], (min(256, x.shape[0]),), generator=gen).to(x.device)
+        lmc = per_member_loss(spec, mid, x[rows], y[rows]).mean()
+        loss = ce + lmc_weight * lmc
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"aligner loss became {loss.item()} at step {step}; lower lr")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        history[step, 0], history[step, 1] = ce.item(), lmc.item()
+    model.eval()
+    return history
+
+
+def compare_alignments(aligner: LearnedAligner, theta_a: Tensor, theta_b: Tensor, x_fit: Tensor, y_fit: Tensor,
+                       x_eval: Tensor, y_eval: Tensor, *, sinkhorn_steps: int = 200, seed: int = 0) -> dict:
+    """Align every ``theta_b[i]`` to ``theta_a[i]`` with: nothing (naive), weight matching, Sinkhorn re-basin
+    (interpolation loss on ``x_fit``), the learned aligner, and Sinkhorn started from weight matching or from
+    the learned aligner (paper ``001``, table 1). Returns per method the test-loss ``barrier`` and ``auc``
+    (means over pairs) and ``seconds_per_pair`` (wall clock of the whole batch divided by the pairs)."""
+    import time
+
+    from wsbook.symmetry import auc, barrier, interpolation_curve, sinkhorn_matching, weight_matching
+
+    spec = aligner.spec
+    n = spec.check(theta_b).shape[0]
+    gen = lambda: torch.Generator().manual_seed(seed)  # noqa: E731
+
+    def timed(fn):
+        start = time.perf_counter()
+        out = fn()
+        return out, (time.perf_counter() - start) / n
+
+    aligned, seconds = {"naive": theta_b}, {"naive": 0.0}
+    (wm_perms, aligned["weight_matching"]), seconds["weight_matching"] = timed(
+        lambda: weight_matching(spec, theta_a, theta_b, generator=gen()))
+    (_, aligned["sinkhorn"]), seconds["sinkhorn"] = timed(
+        lambda: sinkhorn_matching(spec, theta_a, theta_b, x_fit, y_fit, loss="random", steps=sinkhorn_steps, generator=gen()))
+    (learned_perms, aligned["learned"]), seconds["learned"] = timed(lambda: aligner.align(theta_a, theta_b))
+    (_, aligned["wm_sinkhorn"]), t = timed(lambda: sinkhorn_matching(
+        spec, theta_a, theta_b, x_fit, y_fit, loss="random", steps=sinkhorn_steps, init=wm_perms, generator=gen()))
+    seconds["wm_sinkhorn"] = seconds["weight_matching"] + t
+    (_, aligned["learned_sinkhorn"]), t = timed(lambda: sinkhorn_matching(
+        spec, theta_a, theta_b, x_fit, y_fit, loss="random", steps=sinkhorn_steps, init=learned_perms, generator=gen()))
+    seconds["learned_sinkhorn"] = seconds["learned"] + t
+    out = {}
+    for name, theta in aligned.items():
+        curve = interpolation_curve(spec, theta_a, theta, x_eval, y_eval)
+        out[name] = {"barrier": barrier(curve).mean().item(), "auc": auc(curve).mean().item(),
+                     "seconds_per_pair": seconds[name], "curve": curve["loss"].mean(0)}
+    return out
+
+
+def planted_recovery(aligner: LearnedAligner, theta: Tensor, moved: Tensor, truth: list[Tensor]) -> float:
+    """Fraction of hidden neurons whose predicted match equals the planted one: ``aligner.align(theta, moved)``
+    against ``truth`` (the permutations that map ``moved`` back onto ``theta``)."""
+    found, _ = aligner.align(theta, moved)
+    if len(found) != len(truth):
+        raise ValueError(f"expected {len(found)} permutation tensors in truth; got {len(truth)}")
+    return torch.cat([(f == t.to(f.device)).float().flatten() for f, t in zip(found, truth)]).mean().item()
