@@ -118,3 +118,44 @@ def test_bad_input_raises_clear_errors():
         NeuralGraph((5, 7, 3))
     with pytest.raises(ValueError, match="kernel_size"):
         CNNSpec(1, (4,), kernel_size=2)
+
+
+def test_aligner_scores_follow_permutations_of_the_second_network():
+    from wsbook import symmetry
+    from wsbook.graphs.align import LearnedAligner, planted_recovery
+
+    torch.manual_seed(0)
+    spec = MLPSpec((4, 6, 5, 3))
+    a, b = _population(spec, 3, 0), _population(spec, 3, 1)
+    g = symmetry.random_permutation(spec, 3, torch.Generator().manual_seed(4))
+    aligner = LearnedAligner(spec, dim=16, n_layers=2, layer="relational_transformer")
+    with torch.no_grad():
+        s, s_moved = aligner.scores(a, b), aligner.scores(a, symmetry.permute(spec, b, g))
+    for layer, perm in enumerate(g):        # new neuron j of the moved network is old neuron perm[j]
+        expected = s[layer].gather(2, perm.unsqueeze(1).expand_as(s[layer]))
+        torch.testing.assert_close(s_moved[layer], expected, atol=1e-5, rtol=0)
+    # a noiseless planted permutation is recovered exactly by any equivariant aligner with distinct embeddings
+    moved = symmetry.permute(spec, a, g)
+    assert planted_recovery(aligner, a, moved, symmetry.inverse_permutation(g)) == 1.0
+    with pytest.raises(ValueError, match="theta_a and theta_b"):
+        aligner.scores(a, b[:2])
+
+
+def test_barrier_of_known_curves():
+    from wsbook.graphs.inr import barrier
+
+    flat = torch.tensor([[1.0, 1.5, 2.0]])             # linear: no barrier
+    bump = torch.tensor([[0.0, 1.0, 0.0]])
+    torch.testing.assert_close(barrier(flat), torch.tensor([0.0]))
+    torch.testing.assert_close(barrier(bump), torch.tensor([1.0]))
+
+
+def test_embed_population_preserves_function():
+    from wsbook.graphs.train import embed_population
+
+    small, big = MLPSpec((5, 3, 2, 3)), MLPSpec((5, 7, 6, 3))
+    theta = _population(small, 4)
+    x = torch.randn(11, 5)
+    torch.testing.assert_close(big.forward(embed_population(small, theta, big), x), small.forward(theta, x))
+    with pytest.raises(ValueError, match="cannot embed"):
+        embed_population(big, _population(big, 1), small)
