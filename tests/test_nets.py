@@ -116,3 +116,14 @@ def test_divergence_is_an_error_not_a_silent_nan():
     with pytest.raises(FloatingPointError, match="non-finite"):
         train_population(spec, spec.init(2, device="cpu") * 1e30, ds.x_train, ds.y_train, steps=3, lr=1e30,
                          optimizer="sgd")
+
+
+@pytest.mark.parametrize("loss,name", [("cross_entropy", "digits"), ("mse", "diabetes")])
+def test_chunked_steps_equal_whole_batch_steps(loss, name):
+    ds = data.load(name, device="cpu")
+    spec = MLPSpec((ds.n_features, 16, ds.n_outputs))
+    theta0 = spec.init(3, generator=torch.Generator().manual_seed(2), device="cpu")
+    whole = train_population(spec, theta0, ds.x_train, ds.y_train, steps=5, loss=loss, chunk_size=None)
+    chunked = train_population(spec, theta0, ds.x_train, ds.y_train, steps=5, loss=loss, chunk_size=50)
+    torch.testing.assert_close(chunked.theta, whole.theta, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(chunked.loss_history, whole.loss_history, atol=1e-5, rtol=1e-4)

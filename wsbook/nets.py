@@ -275,6 +275,24 @@ def accuracy(spec: MLPSpec, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
         return (spec.forward(theta, x).argmax(-1) == y).float().mean(-1)
 
 
+def _accumulate_gradients(spec: MLPSpec, theta: Tensor, x: Tensor, y: Tensor, loss: str,
+                          chunk_size: int | None) -> Tensor:
+    """Backpropagate the summed per-member mean loss in chunks of points; return the per-member loss ``[B]``."""
+    n = x.shape[-2]
+    if not chunk_size or n <= chunk_size:
+        member_loss = per_member_loss(spec, theta, x, y, loss)
+        member_loss.sum().backward()
+        return member_loss.detach()
+    total = torch.zeros(theta.shape[0], device=theta.device, dtype=theta.dtype)
+    for start in range(0, n, chunk_size):
+        xc = x[..., start:start + chunk_size, :]
+        yc = y[..., start:start + chunk_size] if loss == "cross_entropy" else y[..., start:start + chunk_size, :]
+        part = per_member_loss(spec, theta, xc, yc, loss) * (xc.shape[-2] / n)
+        part.sum().backward()
+        total += part.detach()
+    return total
+
+
 @dataclass
 class TrainResult:
     """What :func:`train_population` returns: final weights, per-step per-member losses, optional checkpoints."""
@@ -303,12 +321,15 @@ def train_population(
     generator: torch.Generator | None = None,
     progress: bool | None = None,
     desc: str = "training",
+    chunk_size: int | None = 256,
 ) -> TrainResult:
     """Train all ``B`` networks of ``theta`` at once: one optimizer over one ``[B, D]`` leaf.
 
     Adam and SGD update every coordinate independently, so this equals ``B`` separate runs. Each member
     draws its own minibatch of ``batch_size`` (``None`` = full batch) unless ``shared_batches``. The
     summed loss is backpropagated, so each member receives exactly the gradient of its own mean loss.
+    A batch larger than ``chunk_size`` points is processed in chunks whose gradients are accumulated
+    (the step is unchanged; activations stay in cache, which doubles full-batch throughput on a CPU).
     Raises ``FloatingPointError`` if a loss becomes NaN or infinite.
     """
     theta0 = spec.check(theta)
@@ -345,9 +366,8 @@ def train_population(
             xb, yb = x[idx], y[idx]
         else:
             xb, yb = x, y
-        member_loss = per_member_loss(spec, param, xb, yb, loss)
         opt.zero_grad(set_to_none=True)
-        member_loss.sum().backward()
+        member_loss = _accumulate_gradients(spec, param, xb, yb, loss, chunk_size)
         opt.step()
         history[step] = member_loss.detach()
         if checkpoint_every and (step + 1) % checkpoint_every == 0:
