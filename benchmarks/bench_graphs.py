@@ -3,8 +3,9 @@
 Prints ``name, ours, baseline, ratio`` lines:
 * ``build_graph_256``: seconds to turn 256 networks into one batched graph by index gathering (ours)
   versus one torch-geometric ``Data`` per network joined with ``Batch.from_data_list`` (baseline).
-* ``throughput_<layer>``: graphs per second of a forward pass at the chapter's sizes, batched (ours)
-  versus one graph at a time (baseline); ratio = ours / baseline.
+* ``throughput_<layer>_batch<B>``: graphs per second of a forward pass at the chapter's sizes (the
+  experiment-1 zoo spec 16-16-16-10, width 32, two layers), ``B`` graphs batched (ours) versus one graph at a
+  time (baseline); ratio = ours / baseline.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def per_network_batch(graph: NeuralGraph, theta: torch.Tensor) -> Batch:
 
 def main() -> None:
     torch.manual_seed(0)
-    spec = MLPSpec((64, 16, 16, 10))
+    spec = MLPSpec((16, 16, 16, 10))
     graph = NeuralGraph(spec)
     theta = spec.init(256, device="cpu")
     ours = best_of(lambda: graph.to_graph(theta))
@@ -47,19 +48,18 @@ def main() -> None:
     assert torch.equal(ours_batch.edge_attr, base_batch.edge_attr) and torch.equal(ours_batch.edge_index, base_batch.edge_index)
     print(f"build_graph_256, {ours:.5f}, {base:.5f}, {base / ours:.1f}")
 
-    batch = 64
-    x = spec.init(batch, device="cpu")
-    for name, kwargs in [("pna", dict(layer="pna")),
-                         ("relational_transformer", dict(layer="relational_transformer")),
-                         ("relational_transformer_all", dict(layer="relational_transformer", attention="all"))]:
-        model = WeightSpaceGNN(spec, dim=32, n_layers=2, **kwargs).eval()
-        with torch.no_grad():
-            model(x)
-            t_batched = best_of(lambda: model(x))
-            t_single = best_of(lambda: [model(x[i:i + 1]) for i in range(16)], repeats=2)
-        ours_gps, base_gps = batch / t_batched, 16 / t_single
-        print(f"throughput_{name}, {ours_gps:.1f}, {base_gps:.1f}, {ours_gps / base_gps:.1f}")
-
+    for batch in (8, 64):
+        x = spec.init(batch, device="cpu")
+        for name, kwargs in [("pna", dict(layer="pna")),
+                             ("relational_transformer", dict(layer="relational_transformer")),
+                             ("relational_transformer_all", dict(layer="relational_transformer", attention="all"))]:
+            model = WeightSpaceGNN(spec, dim=32, n_layers=2, **kwargs).eval()
+            with torch.no_grad():
+                model(x)
+                t_batched = best_of(lambda: model(x))
+                t_single = best_of(lambda: [model(x[i:i + 1]) for i in range(8)], repeats=2)
+            ours_gps, base_gps = batch / t_batched, 8 / t_single
+            print(f"throughput_{name}_batch{batch}, {ours_gps:.1f}, {base_gps:.1f}, {ours_gps / base_gps:.1f}")
 
 if __name__ == "__main__":
     main()
