@@ -4,7 +4,11 @@
   structure once; populations ``[B, D]`` become batched graphs by gathering and come back by scattering.
 * :class:`PNAEdgeLayer`, :class:`RelationalTransformerLayer`, :class:`FourierTime`: layers.
 * :class:`WeightSpaceGNN` (invariant or equivariant head), :class:`FlatMLP` baseline.
-* :mod:`wsbook.graphs.train`: the chapter's experiments (generalization prediction, INR autoencoder).
+* :mod:`wsbook.graphs.train`: model zoos and generalization prediction (Kendall tau, R^2).
+* :mod:`wsbook.graphs.align`: a learned, equivariant aligner (DEEP-ALIGN style) and its comparison with
+  weight matching and Sinkhorn re-basin.
+* :mod:`wsbook.graphs.inr`: SIREN zoos of digit images and the canonicalizing autoencoder.
+* :mod:`wsbook.graphs.plot`: drawing a network as its neural graph.
 """
 from wsbook.graphs.cnn import CNNSpec
 from wsbook.graphs.layers import FourierTime, PNAEdgeLayer, RelationalTransformerLayer
