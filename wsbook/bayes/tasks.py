@@ -259,10 +259,11 @@ def compare_methods(task: str, methods: list[str], n: int, seed: int = 0, refere
 
 
 def chain_modes(task: str, n: int, seed: int = 0, method: str = "hmc") -> dict:
-    """Where each chain of a chain-based run sits: per-chain test accuracy and NLL of its own model average,
-    the mean distance between samples of one chain, and between the means of different chains (all in
-    weight space). Different chains in different modes show up as between-chain distances far above the
-    within-chain spread, with the same predictive quality (thesis 000, sec. 2.4)."""
+    """Do the chains of a chain-based run sit in different modes with the same predictions? Returns each
+    chain's test accuracy and NLL (of its own model average), the median split-R-hat of the weights and of
+    the test-set predictive probabilities across chains (weights far above 1 and functions near 1: different
+    modes, one function; Izmailov et al., 2021; thesis 000, sec. 2.4), the mean distance between chain means
+    and the mean distance between the means of the two halves of one chain, and pairwise chain agreement."""
     from wsbook.bayes import metrics as M
 
     run = posterior_run(task, method, n, seed)
@@ -270,14 +271,16 @@ def chain_modes(task: str, n: int, seed: int = 0, method: str = "hmc") -> dict:
         raise ValueError(f"{method!r} runs have no chains to compare")
     C = run["n_chains"]
     S = n // C
+    if S < 4:
+        raise ValueError(f"need at least 4 draws per chain; {n} samples over {C} chains give {S}")
     theta = run["theta"][:S * C].view(S, C, -1)
-    f = run["f_test"][:S * C].view(S, C, *run["f_test"].shape[1:])
+    probs = torch.softmax(run["f_test"][:S * C].view(S, C, *run["f_test"].shape[1:]), -1)
     y = get_task(task).data().y_test
-    p = torch.softmax(f, -1).mean(0)                                       # [C, N, K]
+    p = probs.mean(0)                                                      # [C, N, K]
     means = theta.mean(0)
-    within = (theta - means).pow(2).sum(-1).sqrt().mean()
-    between = torch.cdist(means, means)
-    off = between[~torch.eye(C, dtype=torch.bool, device=between.device)]
-    return dict(chain_accuracy=M.accuracy(p, y), chain_nll=M.nll(p, y), within=float(within),
-                between=float(off.mean()), between_min=float(off.min()),
+    half = (theta[:S // 2].mean(0) - theta[S - S // 2:].mean(0)).norm(dim=-1).mean()
+    between = torch.cdist(means, means)[~torch.eye(C, dtype=torch.bool, device=means.device)]
+    return dict(chain_accuracy=M.accuracy(p, y), chain_nll=M.nll(p, y),
+                weight_rhat=float(M.split_rhat(theta).median()), function_rhat=float(M.split_rhat(probs).median()),
+                between=float(between.mean()), within_drift=float(half),
                 pairwise_agreement=M.agreement(p.unsqueeze(0), p.unsqueeze(1)))
