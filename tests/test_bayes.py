@@ -10,7 +10,15 @@ from wsbook import bayes
 from wsbook.bayes import metrics as M
 from wsbook.nets import MLPSpec
 
-torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """These tests are many tiny ops: one thread avoids oversubscription on a shared CPU (restored after)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
