@@ -12,13 +12,7 @@ from wsbook.nets import MLPSpec
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These tests are many tiny ops: one thread avoids oversubscription on a shared CPU (restored after)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,7 @@ from wsbook import flows
 from wsbook.manifolds import Euclidean, Product, Sphere
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest (and predictably on a loaded machine) on one thread."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Linear(torch.nn.Module):

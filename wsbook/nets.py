@@ -33,6 +33,17 @@ class Sine(nn.Module):
         return f"frequency={self.frequency}"
 
 
+def check_population(theta: Tensor, n_params: int, spec: object, name: str = "theta") -> Tensor:
+    """Validate a population for any spec with ``n_params`` parameters; ``[D]`` becomes ``[1, D]``."""
+    if not isinstance(theta, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape [B, {n_params}]; got {type(theta).__name__}")
+    if theta.dim() == 1:
+        theta = theta.unsqueeze(0)
+    if theta.dim() != 2 or theta.shape[1] != n_params:
+        raise ValueError(f"{name} must have shape [B, {n_params}] for {spec}; got {tuple(theta.shape)}")
+    return theta
+
+
 @dataclass(frozen=True)
 class MLPSpec:
     """A fully connected network ``widths[0] -> ... -> widths[-1]`` with one activation between layers.
@@ -84,15 +95,7 @@ class MLPSpec:
 
     def check(self, theta: Tensor, name: str = "theta") -> Tensor:
         """Validate a population and return it as ``[B, D]`` (a single ``[D]`` vector becomes ``[1, D]``)."""
-        if not isinstance(theta, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of shape [B, {self.n_params}]; got {type(theta).__name__}")
-        if theta.dim() == 1:
-            theta = theta.unsqueeze(0)
-        if theta.dim() != 2 or theta.shape[1] != self.n_params:
-            raise ValueError(
-                f"{name} must have shape [B, {self.n_params}] for {self}; got {tuple(theta.shape)}"
-            )
-        return theta
+        return check_population(theta, self.n_params, self, name)
 
     def weights(self, theta: Tensor) -> list[Tensor]:
         """Per-layer weight views ``[B, out, in]`` (no copies)."""

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from wsbook import config
+from wsbook.nets import check_population
 
 
 @dataclass(frozen=True)
@@ -70,13 +71,7 @@ class CNNSpec:
 
     def check(self, theta: Tensor, name: str = "theta") -> Tensor:
         """Validate a population and return it as ``[B, D]``."""
-        if not isinstance(theta, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of shape [B, {self.n_params}]; got {type(theta).__name__}")
-        if theta.dim() == 1:
-            theta = theta.unsqueeze(0)
-        if theta.dim() != 2 or theta.shape[1] != self.n_params:
-            raise ValueError(f"{name} must have shape [B, {self.n_params}] for {self}; got {tuple(theta.shape)}")
-        return theta
+        return check_population(theta, self.n_params, self, name)
 
     def weights(self, theta: Tensor) -> list[Tensor]:
         theta = self.check(theta)
