@@ -6,5 +6,7 @@ every module works on whole populations at once.
 from wsbook import config
 from wsbook.config import by_scale, device, scale, seed_everything
 
+config.tune_allocator()
+
 __version__ = "0.1.0"
 __all__ = ["config", "by_scale", "device", "scale", "seed_everything", "__version__"]
