@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import http.server
 import os
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -69,8 +70,16 @@ def test_page_renders(server, browser, page):
     tab.on("console", lambda msg: errors.append(f"console {msg.type}: {msg.text}") if msg.type == "error" else None)
     tab.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
     tab.on("requestfailed", lambda req: errors.append(f"request failed: {req.url} ({req.failure})"))
-    tab.goto(url, wait_until="load")
     html = page.read_text()
+    redirect = re.search(r'http-equiv="Refresh" content="0; url=([^"]+)"', html)
+    if redirect:  # the root index.html only forwards to the first page: follow it and check that page
+        target = (page.parent / redirect.group(1)).resolve()
+        assert target.exists(), f"{page.name} redirects to a missing page {redirect.group(1)}"
+        with tab.expect_navigation(url=f"**/{redirect.group(1)}", wait_until="load"):
+            tab.goto(url)
+        html = target.read_text()
+    else:
+        tab.goto(url, wait_until="load")
     n_figures = html.count("Plotly.newPlot")
     if n_figures:
         tab.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}",
