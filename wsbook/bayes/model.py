@@ -90,9 +90,10 @@ def log_likelihood(spec: MLPSpec, theta: Tensor, x: Tensor, y: Tensor, likelihoo
             raise ValueError(f"categorical likelihood needs integer labels; got dtype {y.dtype}")
         if y.shape[-1] != N:
             raise ValueError(f"y must hold {N} labels to match x; got shape {tuple(y.shape)}")
-        logp = torch.log_softmax(out, -1)
+        # classes along dim 1 of the [B, C, N] tensor behind the forward's view: contiguous softmax
+        logp = torch.log_softmax(out.transpose(1, 2), 1)
         target = y.expand(B, N) if y.dim() == 1 else y
-        return torch.gather(logp, -1, target.unsqueeze(-1).long()).squeeze(-1).sum(-1)
+        return torch.gather(logp, 1, target.unsqueeze(1).long()).squeeze(1).sum(-1)
     target = y.reshape(N, -1) if y.dim() <= 2 else y
     if target.shape[-2] != N or target.shape[-1] != out.shape[-1]:
         raise ValueError(f"gaussian likelihood: targets must be [N={N}, {out.shape[-1]}]; got {tuple(y.shape)}")
