@@ -9,7 +9,6 @@ Prints ``name, ours, baseline, ratio`` lines:
 """
 from __future__ import annotations
 
-import time
 
 import torch
 from torch_geometric.data import Batch, Data
@@ -17,14 +16,7 @@ from torch_geometric.data import Batch, Data
 from wsbook.graphs import NeuralGraph, WeightSpaceGNN
 from wsbook.nets import MLPSpec
 
-
-def best_of(fn, repeats: int = 3) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+from timing import best_seconds  # the script's own folder is on sys.path
 
 
 def per_network_batch(graph: NeuralGraph, theta: torch.Tensor) -> Batch:
@@ -42,8 +34,8 @@ def main() -> None:
     spec = MLPSpec((16, 16, 16, 10))
     graph = NeuralGraph(spec)
     theta = spec.init(256, device="cpu")
-    ours = best_of(lambda: graph.to_graph(theta))
-    base = best_of(lambda: per_network_batch(graph, theta))
+    ours = best_seconds(lambda: graph.to_graph(theta))
+    base = best_seconds(lambda: per_network_batch(graph, theta))
     ours_batch, base_batch = graph.to_graph(theta), per_network_batch(graph, theta)
     assert torch.equal(ours_batch.edge_attr, base_batch.edge_attr) and torch.equal(ours_batch.edge_index, base_batch.edge_index)
     print(f"build_graph_256, {ours:.5f}, {base:.5f}, {base / ours:.1f}")
@@ -56,8 +48,8 @@ def main() -> None:
             model = WeightSpaceGNN(spec, dim=32, n_layers=2, **kwargs).eval()
             with torch.no_grad():
                 model(x)
-                t_batched = best_of(lambda: model(x))
-                t_single = best_of(lambda: [model(x[i:i + 1]) for i in range(8)], repeats=2)
+                t_batched = best_seconds(lambda: model(x))
+                t_single = best_seconds(lambda: [model(x[i:i + 1]) for i in range(8)], repeats=2)
             ours_gps, base_gps = batch / t_batched, 8 / t_single
             print(f"throughput_{name}_batch{batch}, {ours_gps:.1f}, {base_gps:.1f}, {ours_gps / base_gps:.1f}")
 

@@ -19,6 +19,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from wsbook import data  # noqa: E402
 from wsbook.nets import MLPSpec, train_population  # noqa: E402
 
+from timing import best_seconds  # noqa: E402
+
 N_NETS, STEPS, BATCH = 256, 200, 64
 BASELINE_NETS = int(os.environ.get("BENCH_BASELINE_NETS", 64))  # the loop is linear in networks: time a slice
 
@@ -42,17 +44,6 @@ def module_loop_seconds(spec: MLPSpec, theta: torch.Tensor, x: torch.Tensor, y: 
             loss.backward()
             opt.step()
     return time.perf_counter() - start
-
-
-def best_seconds(fn, repeats: int = 3) -> float:
-    """Fastest of a few timed repeats (after one warm-up call): the usual way to time on a shared CPU."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def matmul_gflops(n: int = 2048) -> float:
