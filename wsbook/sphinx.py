@@ -25,6 +25,10 @@ def _finish_html(app, exc) -> None:
         static = Path(app.outdir) / "_static"
         static.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(_plotly_js(), static / "plotly.min.js")
+        # Browsers also ask for /favicon.ico on pages without an icon link (the root redirect page).
+        favicon = Path(app.srcdir) / (app.config.html_favicon or "")
+        if app.config.html_favicon and favicon.suffix == ".ico" and favicon.exists():
+            shutil.copyfile(favicon, Path(app.outdir) / "favicon.ico")
 
 
 def _dedupe_inline_scripts(outdir: Path) -> None:
