@@ -18,6 +18,7 @@ from wsbook.cache import cached
 from wsbook.graphs.layers import mlp
 from wsbook.graphs.models import WeightSpaceGNN
 from wsbook.graphs.neural_graph import NeuralGraph
+from wsbook.graphs.train import fit_minibatches
 from wsbook.nets import MLPSpec
 
 
@@ -116,22 +117,12 @@ def fit_autoencoder(model: INRAutoencoder, theta: Tensor, images: Tensor, *, epo
     model.encoder.gnn.set_normalization(model.encoder.graph.sign_canonicalize(theta))
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs)
-    history = torch.empty(epochs)
-    for epoch in range(epochs):
-        order = torch.randperm(theta.shape[0], generator=gen).to(theta.device)
-        total = 0.0
-        for s in range(0, theta.shape[0], batch_size):
-            idx = order[s:s + batch_size]
-            loss = ((render(spec, model(theta[idx]), coords) - images[idx]) ** 2).mean()
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"autoencoder loss became {loss.item()} at epoch {epoch}; lower lr")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total += loss.item() * len(idx)
-        sched.step()
-        history[epoch] = total / theta.shape[0]
+
+    def batch_loss(idx: Tensor) -> Tensor:
+        return ((render(spec, model(theta[idx]), coords) - images[idx]) ** 2).mean()
+
+    history = fit_minibatches(opt, batch_loss, theta.shape[0], epochs=epochs, batch_size=batch_size,
+                              generator=gen, device=theta.device, what="autoencoder")
     model.eval()
     return history
 

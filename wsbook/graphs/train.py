@@ -115,28 +115,41 @@ def fit_predictor(model: nn.Module, theta: Tensor, y: Tensor, *, epochs: int = 1
     model.register_buffer("y_std", std.detach().clone(), persistent=False)
     target = (y - mean) / std
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    model.train()
+
+    def batch_loss(idx: Tensor) -> Tensor:
+        xb = theta[idx]
+        if augment is not None:
+            xb = augment.permute_nodes(xb, augment.random_hidden_permutation(len(idx), gen))
+        return ((model(xb).squeeze(-1) - target[idx]) ** 2).mean()
+
+    history = fit_minibatches(opt, batch_loss, theta.shape[0], epochs=epochs, batch_size=batch_size,
+                              generator=gen, device=theta.device, what="predictor")
+    model.eval()
+    return history
+
+
+def fit_minibatches(opt: torch.optim.Optimizer, batch_loss: Callable[[Tensor], Tensor], n: int, *, epochs: int,
+                    batch_size: int, generator: torch.Generator, device: torch.device, what: str = "model") -> Tensor:
+    """The shared training loop: ``epochs`` shuffled passes over ``n`` items in minibatches of indices,
+    minimizing ``batch_loss(idx)`` with ``opt`` under a cosine learning-rate decay. Raises on a
+    non-finite loss; returns the per-epoch mean loss ``[epochs]``."""
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs)
     history = torch.empty(epochs)
-    M = theta.shape[0]
-    model.train()
     for epoch in range(epochs):
-        order = torch.randperm(M, generator=gen).to(theta.device)
+        order = torch.randperm(n, generator=generator).to(device)
         total = 0.0
-        for start in range(0, M, batch_size):
+        for start in range(0, n, batch_size):
             idx = order[start:start + batch_size]
-            xb = theta[idx]
-            if augment is not None:
-                xb = augment.permute_nodes(xb, augment.random_hidden_permutation(len(idx), gen))
-            loss = ((model(xb).squeeze(-1) - target[idx]) ** 2).mean()
+            loss = batch_loss(idx)
             if not torch.isfinite(loss):
-                raise FloatingPointError(f"predictor loss became {loss.item()} at epoch {epoch}; lower lr")
+                raise FloatingPointError(f"{what} loss became {loss.item()} at epoch {epoch}; lower lr")
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             total += loss.item() * len(idx)
         sched.step()
-        history[epoch] = total / M
-    model.eval()
+        history[epoch] = total / n
     return history
 
 
