@@ -63,7 +63,7 @@ def test_gnn_equivariance_and_invariance(spec, layer, attention):
     t = torch.rand(4)
     inv = WeightSpaceGNN(graph, layer, dim=16, n_layers=2, head="invariant", out_dim=3, attention=attention, time=True)
     inv.set_normalization(theta)                          # per-layer input scales keep the symmetry
-    torch.testing.assert_close(inv(permuted, t), inv(theta, t), atol=1e-5, rtol=0)
+    torch.testing.assert_close(inv(permuted, t=t), inv(theta, t=t), atol=1e-5, rtol=0)
     equi = WeightSpaceGNN(graph, layer, dim=16, n_layers=2, head="equivariant", attention=attention)
     out = equi(theta)
     assert out.shape == theta.shape
@@ -159,3 +159,152 @@ def test_embed_population_preserves_function():
     torch.testing.assert_close(big.forward(embed_population(small, theta, big), x), small.forward(theta, x))
     with pytest.raises(ValueError, match="cannot embed"):
         embed_population(big, _population(big, 1), small)
+
+
+# ---------------------------------------------------------------- not tied to one architecture
+FAMILY = [MLPSpec((5, 11, 4, 3)), MLPSpec((5, 8, 9, 6, 3)), MLPSpec((5, 4, 3)), MLPSpec((5, 3, 6, 8, 2, 3))]
+
+
+def test_graph_ids_do_not_depend_on_widths_or_depth():
+    from wsbook.graphs.neural_graph import ROLES, layer_roles
+
+    assert [ROLES[r] for r in layer_roles(5)] == ["input", "first hidden", "middle hidden", "middle hidden",
+                                                  "last hidden", "output"]
+    assert [ROLES[r] for r in layer_roles(2)] == ["input", "only hidden", "output"]
+    graphs = [NeuralGraph(s) for s in [MLP, *FAMILY]]
+    assert len({g.n_pos for g in graphs}) == 1 and len({g.family for g in graphs}) == 1
+    for g in graphs:            # inputs and outputs keep per-neuron ids; each hidden layer one id of its role
+        assert torch.equal(g.node_pos[:5], torch.arange(5)) and torch.equal(g.node_pos[-3:], 5 + torch.arange(3))
+        for layer in range(1, len(g.widths) - 1):
+            ids = g.node_pos[g.node_layer == layer]
+            assert (ids == ids[0]).all() and ids[0] >= 8
+    assert NeuralGraph(MLPSpec((4, 7, 3))).family != graphs[0].family
+
+
+def _train_briefly(model, theta, steps=5):
+    """A few steps of a regression so the transfer test uses a trained (not freshly initialised) module."""
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(steps):
+        t = torch.rand(theta.shape[0], generator=gen)
+        noise = torch.randn(theta.shape, generator=gen)
+        xt = (1 - t[:, None]) * noise + t[:, None] * theta
+        loss = ((model(t, xt) - (theta - noise)) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model
+
+
+@pytest.mark.parametrize("layer,attention", CASES)
+def test_field_trained_on_one_width_is_equivariant_on_others(layer, attention):
+    from wsbook import symmetry
+    from wsbook.graphs import WeightSpaceField
+
+    torch.manual_seed(0)
+    field = WeightSpaceField(MLP, layer, dim=16, n_layers=2, attention=attention)
+    theta = _population(MLP, 8)
+    field.set_normalization(theta)
+    _train_briefly(field, theta)
+    field.eval()
+    for k, spec in enumerate(FAMILY):
+        x = _population(spec, 4, seed=10 + k)
+        t = torch.rand(4, generator=torch.Generator().manual_seed(k))
+        g = symmetry.random_permutation(spec, 4, torch.Generator().manual_seed(20 + k))
+        with torch.no_grad():
+            v = field(t, x, spec=spec)
+            v_moved = field(t, symmetry.permute(spec, x, g), spec=spec)
+        assert v.shape == x.shape and torch.isfinite(v).all()
+        torch.testing.assert_close(v_moved, symmetry.permute(spec, v, g), atol=1e-5, rtol=0)
+        assert not torch.allclose(v_moved, v, atol=1e-3)         # the permutation did move something
+
+
+def test_invariant_model_is_invariant_on_other_widths_and_cnns():
+    from wsbook import symmetry
+
+    torch.manual_seed(0)
+    model = WeightSpaceGNN(MLP, "pna", dim=16, n_layers=2, head="invariant", out_dim=2)
+    model.set_normalization(_population(MLP, 8))
+    for spec in FAMILY:
+        x = _population(spec, 3)
+        g = symmetry.random_permutation(spec, 3, torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            torch.testing.assert_close(model(symmetry.permute(spec, x, g), spec=spec), model(x, spec=spec), atol=1e-5, rtol=0)
+    cnn_model = WeightSpaceGNN(CNN, "relational_transformer", dim=16, n_layers=2, head="equivariant")
+    other = CNNSpec(2, (7, 3, 4), kernel_size=3, n_classes=3)
+    out = cnn_model(_population(other, 2), spec=other)
+    assert out.shape == (2, other.n_params) and torch.isfinite(out).all()
+    with pytest.raises(ValueError, match="family"):
+        model(_population(MLPSpec((4, 7, 3)), 2), spec=MLPSpec((4, 7, 3)))
+    with pytest.raises(ValueError, match="family"):
+        model(_population(CNN, 2), spec=CNN)
+
+
+@pytest.mark.parametrize("layer,attention", CASES)
+@pytest.mark.parametrize("head", ["invariant", "equivariant"])
+def test_mixed_batch_equals_one_at_a_time(layer, attention, head):
+    from wsbook.graphs import GraphBatch
+
+    torch.manual_seed(0)
+    model = WeightSpaceGNN(MLP, layer, dim=16, n_layers=2, head=head, out_dim=2, attention=attention, time=True).eval()
+    specs = [FAMILY[0], MLP, FAMILY[1], FAMILY[2]]
+    pops = [_population(s, n, seed=n) for s, n in zip(specs, (2, 3, 1, 2))]
+    times = [torch.rand(p.shape[0], generator=torch.Generator().manual_seed(i)) for i, p in enumerate(pops)]
+    batch = GraphBatch.from_populations(list(zip(specs, pops)))
+    assert batch.num_graphs == 8 and [c for _, c in batch.parts] == [2, 3, 1, 2]
+    with torch.no_grad():
+        mixed = model.forward_graph(batch, torch.cat(times))
+        single = [model(p, t=t, spec=s) for s, p, t in zip(specs, pops, times)]
+    if head == "invariant":
+        torch.testing.assert_close(mixed, torch.cat(single), atol=1e-5, rtol=0)
+    else:
+        assert len(mixed) == len(single)
+        for m, s in zip(mixed, single):
+            torch.testing.assert_close(m, s, atol=1e-5, rtol=0)
+
+
+def test_all_attention_keeps_graphs_of_different_sizes_apart():
+    """Graphs of 22 and 20 nodes (42 in all): a layout that assumed equal sizes would cut the batch into
+    two blocks of 21 nodes and let nodes attend across graphs without any error."""
+    from wsbook.graphs import GraphBatch, RelationalTransformerLayer
+
+    torch.manual_seed(0)
+    a, b = MLPSpec((5, 8, 6, 3)), MLPSpec((5, 6, 6, 3))
+    batch = GraphBatch.from_populations([(a, _population(a, 1)), (b, _population(b, 1))])
+    layer = RelationalTransformerLayer(16, 4, "all")
+    with torch.no_grad():
+        layer.no_edge.normal_()
+    h, e = torch.randn(batch.x.shape[0], 16), torch.randn(batch.edge_attr.shape[0], 16)
+    na, ea = NeuralGraph(a).n_nodes, NeuralGraph(a).n_edges
+    with torch.no_grad():
+        h_mixed, e_mixed = layer(h, batch.edge_index, e, batch.batch)
+        h_a, e_a = layer(h[:na], batch.edge_index[:, :ea], e[:ea])
+        h_b, e_b = layer(h[na:], batch.edge_index[:, ea:] - na, e[ea:])
+    torch.testing.assert_close(h_mixed, torch.cat([h_a, h_b]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(e_mixed, torch.cat([e_a, e_b]), atol=1e-5, rtol=0)
+
+
+def test_field_signature_and_time_on_edges():
+    from wsbook.graphs import WeightSpaceField
+
+    torch.manual_seed(0)
+    field = WeightSpaceField(MLP, "pna", dim=16, n_layers=2)
+    x = _population(MLP, 3)
+    with torch.no_grad():
+        v = field(0.3, x)
+        torch.testing.assert_close(field(torch.tensor(0.3), x), v)
+        torch.testing.assert_close(field(torch.full((3,), 0.3), x), v)
+        torch.testing.assert_close(field(torch.full((3, 1), 0.3), x), v)
+        assert not torch.allclose(field(0.7, x), v)
+        # time reaches the edges: with the FiLM of the nodes switched off the output still moves with t
+        for film in field.gnn.time_film:
+            film.weight[:32].zero_()
+            film.bias[:32].zero_()
+        assert (field(0.7, x) - field(0.3, x))[:, :MLP.slices(0)[0].stop].abs().max() > 1e-4
+    with pytest.raises(ValueError, match="t must be a scalar or have 3 entries"):
+        field(torch.rand(2), x)
+    with pytest.raises(ValueError, match="pass t exactly"):
+        field.gnn(x)
+    with pytest.raises(ValueError, match="family"):
+        from wsbook.graphs import GraphBatch
+        GraphBatch.from_populations([(MLP, x), (MLPSpec((4, 7, 3)), torch.randn(1, 4 * 7 + 7 + 7 * 3 + 3))])

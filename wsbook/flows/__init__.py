@@ -5,7 +5,7 @@ from wsbook.flows import plotting
 from wsbook.flows.couplings import IndependentCoupling, OTCoupling, coupling_cost, make_coupling, ot_assignment
 from wsbook.flows.likelihood import LikelihoodResult, divergence, log_likelihood, rademacher
 from wsbook.flows.metrics import straightness, wasserstein2
-from wsbook.flows.models import TimeMLP, time_features
+from wsbook.flows.models import TimeEmbedding, TimeMLP, time_features
 from wsbook.flows.paths import GeodesicPath, LinearPath, check_time
 from wsbook.flows.solvers import ODEResult, manifold_step, solve_ode
 from wsbook.flows.toys import (GaussianMixture, VonMisesFisherMixture, eight_gaussians, ring_mixture,
@@ -16,7 +16,7 @@ __all__ = [
     "plotting",
     "IndependentCoupling", "OTCoupling", "coupling_cost", "make_coupling", "ot_assignment",
     "LikelihoodResult", "divergence", "log_likelihood", "rademacher",
-    "straightness", "wasserstein2", "TimeMLP", "time_features",
+    "straightness", "wasserstein2", "TimeEmbedding", "TimeMLP", "time_features",
     "GeodesicPath", "LinearPath", "check_time", "ODEResult", "manifold_step", "solve_ode",
     "GaussianMixture", "VonMisesFisherMixture", "eight_gaussians", "ring_mixture", "standard_normal", "two_moons",
     "FlowTrainResult", "cfm_loss", "train_flow",

@@ -46,3 +46,31 @@ class TimeMLP(nn.Module):
         if self.manifold is not None:
             out = self.manifold.proju(x, out)
         return out
+
+
+class TimeEmbedding(nn.Module):
+    """A learned time embedding ``t -> [batch, dim]``: :func:`time_features` followed by a two-layer MLP.
+
+    The one time embedding of the library: models that condition on time through a vector (the
+    weight-space GNN fields of :mod:`wsbook.graphs`, FiLM on every node and edge) use it, so every
+    time-conditioned model sees the same features of ``t``.
+
+    Args:
+        dim: size of the embedding.
+        n_time: number of sinusoidal features (``n_time // 2`` frequencies, as in :class:`TimeMLP`).
+        activation: activation between the two linear layers.
+    """
+
+    def __init__(self, dim: int, n_time: int = 8, activation: type[nn.Module] = nn.SiLU):
+        super().__init__()
+        self.dim, self.n_time = dim, n_time
+        self.net = nn.Sequential(nn.Linear(n_time // 2 * 2 + 1, dim), activation(), nn.Linear(dim, dim))
+
+    def forward(self, t: Tensor, batch: int) -> Tensor:
+        """``t`` a scalar (shared by the batch) or ``[batch]`` -> ``[batch, dim]``."""
+        w = self.net[0].weight
+        t = torch.as_tensor(t, device=w.device)
+        if t.numel() not in (1, batch):
+            raise ValueError(f"TimeEmbedding: t must be a scalar or have {batch} entries; got shape {tuple(t.shape)}")
+        t = t.reshape(()) if t.numel() == 1 else t.reshape(batch)
+        return self.net(time_features(t, self.n_time, batch).to(w.dtype))

@@ -1,23 +1,27 @@
 """Message-passing layers over neural graphs (Kofinas et al., 2024; thesis ``000`` §5.1).
 
 * :class:`PNAEdgeLayer`: principal neighbourhood aggregation (Corso et al., 2020; eq. 5.3-5.4) built on
-  torch-geometric's ``MessagePassing`` and ``DegreeScalerAggregation``, with messages modulated by the
-  edge features (FiLM, Brockschmidt 2020) and an edge update (eq. 5.2).
+  torch-geometric's ``MessagePassing``, with messages modulated by the edge features (FiLM, Brockschmidt
+  2020) and an edge update (eq. 5.2). Its degree scalers (:class:`DegreeScaledAggregation`) read the
+  degrees of the graph being processed and one fixed reference, so a layer is not tied to one architecture.
 * :class:`RelationalTransformerLayer`: attention whose queries, keys and values mix node and edge
-  features (Diao & Loynd, 2023; eq. 5.6), over graph neighbours or over all nodes of a graph.
-* :class:`FourierTime`: Fourier features of a time ``t`` in [0, 1] for flow vector fields.
+  features (Diao & Loynd, 2023; eq. 5.6), over graph neighbours or over all nodes of each graph (graphs
+  of different sizes in one batch are padded and masked).
 
-Messages flow in both directions of every edge; a learned direction embedding tells them apart.
+Every layer has the signature ``layer(h, edge_index, e, batch=None) -> (h, e)``. Messages flow in both
+directions of every edge; a learned direction embedding tells them apart. The time embedding of
+time-conditioned models is :class:`wsbook.flows.TimeEmbedding` (one for the whole library).
 """
 from __future__ import annotations
 
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import MessagePassing
-from torch_geometric.nn.aggr import DegreeScalerAggregation
-from torch_geometric.utils import scatter, softmax
+from torch_geometric.nn.aggr import Aggregation, MultiAggregation
+from torch_geometric.utils import degree, scatter, softmax, to_dense_batch
 
 
 def mlp(dims: list[int], act: type[nn.Module] = nn.SiLU) -> nn.Sequential:
@@ -37,31 +41,57 @@ def bidirectional(edge_index: Tensor, edge_attr: Tensor, direction: nn.Embedding
     return ei, ea
 
 
-class FourierTime(nn.Module):
-    """Fourier features ``[sin(2 pi f t), cos(2 pi f t)]`` of ``t [B]`` with log-spaced frequencies, then an MLP."""
+def _edge_update(net: nn.Sequential, h: Tensor, e: Tensor, edge_index: Tensor) -> Tensor:
+    """``net([h_dst, h_src, e])`` without materialising the concatenation per edge: the first linear
+    layer is applied to the node features once per node and gathered (the same function, fewer FLOPs)."""
+    first, d = net[0], h.shape[-1]
+    w = first.weight
+    src, dst = edge_index
+    z = F.linear(h, w[:, :d], first.bias)[dst] + F.linear(h, w[:, d:2 * d])[src] + F.linear(e, w[:, 2 * d:])
+    return net[1:](z)
 
-    def __init__(self, dim: int, n_frequencies: int = 8):
+
+class DegreeScaledAggregation(Aggregation):
+    """PNA's aggregation ``[identity, amplification, attenuation] x [mean, std, max, min]`` (eq. 5.3) with
+    the scalers ``S(d, alpha) = (log(d + 1) / delta)^alpha`` computed from the degrees of the graph being
+    aggregated and one fixed reference ``delta`` (``mean_log_degree``), instead of a degree histogram of
+    one architecture. The same layer therefore aggregates graphs of any width and depth.
+    """
+
+    def __init__(self, mean_log_degree: float):
         super().__init__()
-        self.register_buffer("freqs", 2 * math.pi * 2.0 ** torch.arange(n_frequencies).float())
-        self.net = mlp([2 * n_frequencies, dim, dim])
+        if not mean_log_degree > 0:
+            raise ValueError(f"mean_log_degree must be positive; got {mean_log_degree}")
+        self.aggr = MultiAggregation(["mean", "std", "max", "min"])
+        self.mean_log_degree = float(mean_log_degree)
 
-    def forward(self, t: Tensor) -> Tensor:
-        angles = t.reshape(-1, 1).float() * self.freqs
-        return self.net(torch.cat([angles.sin(), angles.cos()], -1))
+    def forward(self, x: Tensor, index: Tensor | None = None, ptr: Tensor | None = None,
+                dim_size: int | None = None, dim: int = -2) -> Tensor:
+        self.assert_index_present(index)
+        out = self.aggr(x, index, ptr, dim_size, dim)
+        log_deg = torch.log(degree(index, num_nodes=out.shape[0], dtype=out.dtype).clamp(min=1) + 1).unsqueeze(-1)
+        return torch.cat([out, out * (log_deg / self.mean_log_degree), out * (self.mean_log_degree / log_deg)], -1)
+
+    def extra_repr(self) -> str:
+        return f"mean_log_degree={self.mean_log_degree:.4f}"
 
 
 class PNAEdgeLayer(MessagePassing):
     """PNA with FiLM edge modulation and an edge update.
 
-    Message ``m_ij = gamma(e_ij) * (W [h_i, h_j]) + beta(e_ij)`` passed through an MLP; aggregation is
-    ``[identity, amplification, attenuation] x [mean, std, max, min]`` (eq. 5.3); node update
-    ``h_i <- h_i + U([h_i, agg_i])``; edge update ``e_ij <- e_ij + V([h_i, h_j, e_ij])`` (eq. 5.2).
+    Message ``m_ij = MLP(gamma(e_ij) * (W [h_i, h_j]) + beta(e_ij))``; aggregation
+    ``[identity, amplification, attenuation] x [mean, std, max, min]`` (eq. 5.3, degrees from the input
+    graph, ``mean_log_degree`` the reference ``delta``); node update ``h_i <- h_i + U([h_i, agg_i])``; edge
+    update ``e_ij <- e_ij + V([h_i, h_j, e_ij])`` (eq. 5.2).
+
+    Args:
+        dim: node and edge feature size.
+        mean_log_degree: the degree scalers' reference ``delta = mean log(d + 1)`` (for example
+            :meth:`~wsbook.graphs.NeuralGraph.mean_log_degree` of the architecture the model is built for).
     """
 
-    def __init__(self, dim: int, degree_histogram: Tensor):
-        aggr = DegreeScalerAggregation(["mean", "std", "max", "min"], ["identity", "amplification", "attenuation"],
-                                       deg=degree_histogram)
-        super().__init__(aggr=aggr)
+    def __init__(self, dim: int, mean_log_degree: float):
+        super().__init__(aggr=DegreeScaledAggregation(mean_log_degree))
         self.direction = nn.Embedding(2, dim)
         self.pre = nn.Linear(2 * dim, dim)
         self.film = nn.Linear(dim, 2 * dim)
@@ -70,17 +100,23 @@ class PNAEdgeLayer(MessagePassing):
         self.update_edge = mlp([3 * dim, dim, dim])
         self.norm_node, self.norm_edge = nn.LayerNorm(dim), nn.LayerNorm(dim)
 
-    def forward(self, h: Tensor, edge_index: Tensor, e: Tensor) -> tuple[Tensor, Tensor]:
-        ei, ea = bidirectional(edge_index, e, self.direction)
-        agg = self.propagate(ei, h=h, e=ea)
+    def forward(self, h: Tensor, edge_index: Tensor, e: Tensor, batch: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        d = h.shape[-1]
+        ei = torch.cat([edge_index, edge_index.flip(0)], 1)
+        # W [h_i, h_j] = W_1 h_i + W_2 h_j: project once per node, gather per message
+        w = self.pre.weight
+        target, source = F.linear(h, w[:, :d], self.pre.bias), F.linear(h, w[:, d:])
+        # film(e + direction_k) = film_W e + film(direction_k): project each edge once for both directions
+        fe, fd = F.linear(e, self.film.weight), self.film(self.direction.weight)
+        f = torch.cat([fe + fd[0], fe + fd[1]], 0)
+        agg = self.propagate(ei, target=target, source=source, f=f, size=(h.shape[0], h.shape[0]))
         h = self.norm_node(h + self.update_node(torch.cat([h, agg], -1)))
-        src, dst = edge_index
-        e = self.norm_edge(e + self.update_edge(torch.cat([h[dst], h[src], e], -1)))
+        e = self.norm_edge(e + _edge_update(self.update_edge, h, e, edge_index))
         return h, e
 
-    def message(self, h_i: Tensor, h_j: Tensor, e: Tensor) -> Tensor:
-        gamma, beta = self.film(e).chunk(2, -1)
-        return self.post(gamma * self.pre(torch.cat([h_i, h_j], -1)) + beta)
+    def message(self, target_i: Tensor, source_j: Tensor, f: Tensor) -> Tensor:
+        gamma, beta = f.chunk(2, -1)
+        return self.post(gamma * (target_i + source_j) + beta)
 
 
 class RelationalTransformerLayer(nn.Module):
@@ -88,7 +124,14 @@ class RelationalTransformerLayer(nn.Module):
     ``v_ij = h_j W_N^V + e_ij W_E^V`` (Diao & Loynd, 2023; thesis eq. 5.6), then a feed-forward block and
     an edge update. ``attention="neighbours"`` attends over graph neighbours (softmax per target node,
     torch-geometric ``softmax``); ``"all"`` attends over every node of the same graph, non-edges carrying
-    a learned "no edge" feature.
+    a learned "no edge" feature. With ``"all"`` the graphs of a batch may have different sizes: they are
+    padded to the largest (``to_dense_batch``) and the padding is masked out of every softmax, so each
+    node attends exactly to the nodes of its own graph.
+
+    Args:
+        dim: node and edge feature size.
+        heads: number of attention heads (must divide ``dim``).
+        attention: ``"neighbours"`` or ``"all"``.
     """
 
     def __init__(self, dim: int, heads: int = 4, attention: str = "neighbours"):
@@ -108,38 +151,47 @@ class RelationalTransformerLayer(nn.Module):
         self.norm1, self.norm2, self.norm_edge = nn.LayerNorm(dim), nn.LayerNorm(dim), nn.LayerNorm(dim)
 
     def _attend_neighbours(self, h: Tensor, edge_index: Tensor, e: Tensor) -> Tensor:
-        ei, ea = bidirectional(edge_index, e, self.direction)
+        ei = torch.cat([edge_index, edge_index.flip(0)], 1)
         src, dst = ei
         H, dh = self.heads, self.dim // self.heads
         nq, nk, nv = self.node_qkv(h).chunk(3, -1)
-        eq, ek, ev = self.edge_qkv(ea).chunk(3, -1)
+        # edge_qkv is linear without bias: edge_qkv(e + direction_k) = edge_qkv(e) + edge_qkv(direction_k)
+        fe, fd = self.edge_qkv(e), self.edge_qkv(self.direction.weight)
+        eq, ek, ev = torch.cat([fe + fd[0], fe + fd[1]], 0).chunk(3, -1)
         q = (nq[dst] + eq).view(-1, H, dh)
         k = (nk[src] + ek).view(-1, H, dh)
         v = (nv[src] + ev).view(-1, H, dh)
         alpha = softmax((q * k).sum(-1) / math.sqrt(dh), dst, num_nodes=h.shape[0])     # [2E, H]
         return scatter(alpha.unsqueeze(-1) * v, dst, dim=0, dim_size=h.shape[0], reduce="sum").reshape(-1, self.dim)
 
-    def _attend_all(self, h: Tensor, edge_index: Tensor, e: Tensor, n_graphs: int) -> Tensor:
-        n = h.shape[0] // n_graphs                   # all graphs of a batch share one spec, hence one size
+    def _attend_all(self, h: Tensor, edge_index: Tensor, e: Tensor, batch: Tensor | None) -> Tensor:
+        if batch is None:
+            batch = h.new_zeros(h.shape[0], dtype=torch.long)
+        dense_h, mask = to_dense_batch(h, batch)                                        # [G, n, d], [G, n]
+        G, n = mask.shape
+        first = torch.cumsum(mask.sum(1), 0) - mask.sum(1)                              # first node of each graph
+        local = torch.arange(h.shape[0], device=h.device) - first[batch]                # index within its graph
         ei, ea = bidirectional(edge_index, e, self.direction)
         src, dst = ei
-        dense = self.no_edge.expand(n_graphs, n, n, self.dim).clone()
-        g = dst // n
-        dense[g, dst % n, src % n] = ea                                                # [G, N(target), N(source), d]
+        dense = self.no_edge.expand(G, n, n, self.dim).clone()
+        dense[batch[dst], local[dst], local[src]] = ea                                  # [G, N(target), N(source), d]
         H, dh = self.heads, self.dim // self.heads
-        nq, nk, nv = (t.view(n_graphs, n, H, dh) for t in self.node_qkv(h).chunk(3, -1))
-        eq, ek, ev = (t.view(n_graphs, n, n, H, dh) for t in self.edge_qkv(dense).chunk(3, -1))
-        q = nq.unsqueeze(2) + eq                                                       # [G, i, j, H, dh]
+        nq, nk, nv = (t.view(G, n, H, dh) for t in self.node_qkv(dense_h).chunk(3, -1))
+        eq, ek, ev = (t.view(G, n, n, H, dh) for t in self.edge_qkv(dense).chunk(3, -1))
+        q = nq.unsqueeze(2) + eq                                                        # [G, i, j, H, dh]
         k = nk.unsqueeze(1) + ek
         v = nv.unsqueeze(1) + ev
-        alpha = torch.softmax((q * k).sum(-1) / math.sqrt(dh), dim=2)                 # over sources j
-        return (alpha.unsqueeze(-1) * v).sum(2).reshape(-1, self.dim)
+        logits = (q * k).sum(-1) / math.sqrt(dh)                                        # [G, i, j, H]
+        logits = logits.masked_fill(~mask[:, None, :, None], float("-inf"))             # padded sources j
+        alpha = torch.softmax(logits, dim=2)
+        return (alpha.unsqueeze(-1) * v).sum(2).reshape(G, n, self.dim)[mask]
 
-    def forward(self, h: Tensor, edge_index: Tensor, e: Tensor, n_graphs: int = 1) -> tuple[Tensor, Tensor]:
+    def forward(self, h: Tensor, edge_index: Tensor, e: Tensor, batch: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``batch [N]`` (graph id of every node, sorted) is needed by ``attention="all"`` for a batch of
+        several graphs; ``None`` means one graph."""
         att = (self._attend_neighbours(h, edge_index, e) if self.attention == "neighbours"
-               else self._attend_all(h, edge_index, e, n_graphs))
+               else self._attend_all(h, edge_index, e, batch))
         h = self.norm1(h + self.out(att))
         h = self.norm2(h + self.ffn(h))
-        src, dst = edge_index
-        e = self.norm_edge(e + self.update_edge(torch.cat([h[dst], h[src], e], -1)))
+        e = self.norm_edge(e + _edge_update(self.update_edge, h, e, edge_index))
         return h, e

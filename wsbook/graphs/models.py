@@ -1,11 +1,24 @@
-"""Models over populations of networks: equivariant GNNs on neural graphs and a flat-MLP baseline.
+"""Models over populations of networks: equivariant GNNs on neural graphs, a GNN vector field, and a
+flat-MLP baseline.
 
-:class:`WeightSpaceGNN` embeds biases, weights and positional ids (Kofinas et al., 2024), applies
-:class:`~wsbook.graphs.layers.PNAEdgeLayer` or
-:class:`~wsbook.graphs.layers.RelationalTransformerLayer` blocks (optionally conditioned on a time
-``t`` through FiLM), and reads out either one vector per network (``head="invariant"``: unchanged by
-hidden-neuron permutations) or one value per weight and bias (``head="equivariant"``: a ``[B, D]``
-population that permutes with the input).
+* :class:`WeightSpaceGNN` embeds biases, weights and positional ids (Kofinas et al., 2024), applies
+  :class:`~wsbook.graphs.layers.PNAEdgeLayer` or :class:`~wsbook.graphs.layers.RelationalTransformerLayer`
+  blocks (optionally conditioned on a time ``t`` by FiLM on every node and every edge), and reads out
+  either one vector per network (``head="invariant"``: unchanged by hidden-neuron permutations) or one
+  value per weight and bias (``head="equivariant"``: a ``[B, D]`` population that permutes with the
+  input). Called as ``model(theta)`` (``t`` and ``spec`` are keywords).
+* :class:`WeightSpaceField`: the time-conditioned equivariant GNN as a vector field over weights, called
+  ``field(t, x)`` like every vector field in ``wsbook`` (see chapter 3, "Flow matching").
+* :class:`FlatMLP`: an MLP on the flattened parameter vector (no symmetry built in). A flat *field* over
+  weights is :class:`wsbook.flows.TimeMLP` with ``dim = D``.
+
+**Not tied to one architecture.** A model holds no per-node or per-edge tensor of the spec it was built
+for: positional ids exist per input neuron, per output neuron and per hidden-layer *role* (first, middle,
+last, only hidden layer), input scales are one scalar per role, and PNA's degree scalers read the degrees
+of the graph they process. The same trained module therefore evaluates networks of any hidden widths and
+depth of its family (same kind, inputs, outputs and edge size), also in one batch of mixed specs: pass
+``spec=`` to :meth:`WeightSpaceGNN.forward`, or a :class:`~wsbook.graphs.GraphBatch` built by
+:meth:`~wsbook.graphs.GraphBatch.from_populations` to :meth:`WeightSpaceGNN.forward_graph`.
 """
 from __future__ import annotations
 
@@ -14,8 +27,9 @@ from torch import Tensor, nn
 from torch_geometric.nn import global_max_pool, global_mean_pool
 from torch_geometric.utils import scatter
 
-from wsbook.graphs.layers import FourierTime, PNAEdgeLayer, RelationalTransformerLayer, mlp
-from wsbook.graphs.neural_graph import NeuralGraph, Spec
+from wsbook.flows.models import TimeEmbedding
+from wsbook.graphs.layers import PNAEdgeLayer, RelationalTransformerLayer, mlp
+from wsbook.graphs.neural_graph import N_ROLES, GraphBatch, NeuralGraph, Spec
 
 LAYERS = ("pna", "relational_transformer")
 HEADS = ("invariant", "equivariant")
@@ -27,90 +41,197 @@ def count_parameters(model: nn.Module) -> int:
 
 
 class WeightSpaceGNN(nn.Module):
-    """A GNN over the neural graphs of ``spec`` mapping a population ``[B, D]`` to ``[B, out_dim]``
-    (invariant head) or ``[B, D]`` (equivariant head)."""
+    """A GNN over neural graphs mapping a population ``[B, D]`` to ``[B, out_dim]`` (invariant head) or
+    ``[B, D]`` (equivariant head). See chapter 6, "Two message-passing layers".
+
+    Args:
+        spec: the architecture (or its :class:`NeuralGraph`) the model is built for; it fixes the family
+            (kind, input and output sizes, edge size) and is the default spec of :meth:`forward`.
+        layer: ``"pna"`` or ``"relational_transformer"``.
+        dim: width of node and edge features.
+        n_layers: number of message-passing layers.
+        head: ``"invariant"`` (one ``out_dim`` vector per network) or ``"equivariant"`` (one value per
+            weight and bias, in the units of the input).
+        out_dim: output size of the invariant head.
+        time: condition on a time ``t`` (FiLM of every node and every edge feature before each layer).
+        attention: Relational Transformer only: ``"neighbours"`` or ``"all"``.
+        heads: Relational Transformer only: number of attention heads.
+        mean_log_degree: PNA only: the degree scalers' reference ``delta``; default: the mean of
+            ``log(d + 1)`` over the nodes of ``spec``'s graph.
+        n_time: number of sinusoidal time features (:class:`wsbook.flows.TimeEmbedding`).
+    """
 
     def __init__(self, spec: Spec | NeuralGraph, layer: str = "pna", dim: int = 32, n_layers: int = 3,
                  head: str = "invariant", out_dim: int = 1, time: bool = False, attention: str = "neighbours",
-                 heads: int = 4):
+                 heads: int = 4, mean_log_degree: float | None = None, n_time: int = 8):
         super().__init__()
         if layer not in LAYERS:
             raise ValueError(f"layer must be one of {LAYERS}; got {layer!r}")
         if head not in HEADS:
             raise ValueError(f"head must be one of {HEADS}; got {head!r}")
-        self.graph = spec if isinstance(spec, NeuralGraph) else NeuralGraph(spec)
+        self.graph = NeuralGraph.of(spec)
+        self.family = self.graph.family
         self.layer_kind, self.head, self.dim = layer, head, dim
         g = self.graph
         self.pos = nn.Embedding(g.n_pos, dim)
         self.node_in = nn.Linear(1, dim)
         self.edge_in = mlp([g.edge_dim, dim, dim])
         if layer == "pna":
-            self.layers = nn.ModuleList(PNAEdgeLayer(dim, g.degree_histogram()) for _ in range(n_layers))
+            self.mean_log_degree = g.mean_log_degree() if mean_log_degree is None else float(mean_log_degree)
+            self.layers = nn.ModuleList(PNAEdgeLayer(dim, self.mean_log_degree) for _ in range(n_layers))
         else:
             self.layers = nn.ModuleList(RelationalTransformerLayer(dim, heads, attention) for _ in range(n_layers))
-        self.time = FourierTime(dim) if time else None
-        self.time_film = nn.ModuleList(nn.Linear(dim, 2 * dim) for _ in range(n_layers)) if time else None
-        self.register_buffer("edge_scale", torch.ones(g.n_edges))
-        self.register_buffer("node_scale", torch.ones(g.n_nodes))
+        self.time = TimeEmbedding(dim, n_time) if time else None
+        self.time_film = nn.ModuleList(nn.Linear(dim, 4 * dim) for _ in range(n_layers)) if time else None
+        # one input scale per layer role (ROLES), not per node or edge: width- and depth-free
+        self.register_buffer("node_scale", torch.ones(N_ROLES))
+        self.register_buffer("edge_scale", torch.ones(N_ROLES))
         if head == "invariant":
             self.readout = mlp([3 * dim, dim, out_dim])
         else:
             self.edge_head = mlp([dim, dim, g.edge_dim])
             self.node_head = mlp([dim, dim, 1])
 
-    @torch.no_grad()
-    def set_normalization(self, theta: Tensor) -> None:
-        """Scale each layer's weights and biases to unit standard deviation over the population ``theta``
-        (one scalar per layer, as in Kofinas et al. 2024, so equivariance is untouched)."""
-        g = self.graph
-        gb = g.to_graph(g.spec.check(theta).detach())
-        B = gb.num_graphs
-        edges, nodes = gb.edge_attr.view(B, g.n_edges, -1), gb.x.view(B, g.n_nodes)
-        edge_layer = g.node_layer[g.edge_index[1]].to(theta.device)
-        node_layer = g.node_layer.to(theta.device)
-        for layer in range(1, len(g.widths)):
-            e_sel, n_sel = edge_layer == layer, node_layer == layer
-            self.edge_scale[e_sel] = 1.0 / edges[:, e_sel].std().clamp_min(1e-6)
-            self.node_scale[n_sel] = 1.0 / nodes[:, n_sel].std().clamp_min(1e-6)
+    @property
+    def spec(self) -> Spec:
+        """The spec the model was built for (the default of :meth:`forward`)."""
+        return self.graph.spec
 
-    def embed(self, theta: Tensor, t: Tensor | None = None) -> tuple[Tensor, Tensor, "object"]:
-        """Node and edge features ``[B*N, dim]``, ``[B*E, dim]`` after all layers, and the graph batch."""
-        gb = self.graph.to_graph(theta)
+    def _graph_batch(self, theta: Tensor | GraphBatch, spec: Spec | NeuralGraph | None) -> GraphBatch:
+        if isinstance(theta, GraphBatch):
+            if spec is not None:
+                raise ValueError("pass spec only with a population tensor, not with a GraphBatch")
+            batch = theta
+        else:
+            batch = NeuralGraph.of(self.graph if spec is None else spec).to_graph(theta)
+        if batch.family != self.family:
+            raise ValueError(f"this model reads networks of family {self.family} (kind, inputs, outputs, edge size); "
+                             f"got {batch.family} from {batch.parts[0][0].spec}")
+        return batch
+
+    @torch.no_grad()
+    def set_normalization(self, theta: Tensor | GraphBatch, spec: Spec | NeuralGraph | None = None) -> None:
+        """Scale the weights and the biases of each layer role to unit standard deviation over the
+        population ``theta`` (of ``spec``, default the model's; or a mixed :class:`GraphBatch`). One scalar
+        per role (as Kofinas et al. 2024 use one per layer), so equivariance is untouched; roles that do
+        not occur in ``theta`` keep their scale."""
+        gb = self._graph_batch(theta.detach() if isinstance(theta, Tensor) else theta, spec)
+        edge_role, node_role = gb.edge_role, gb.role
+        for role in range(1, N_ROLES):
+            e_sel, n_sel = edge_role == role, node_role == role
+            if e_sel.any():
+                self.edge_scale[role] = 1.0 / gb.edge_attr[e_sel].std().clamp_min(1e-6)
+            if n_sel.any():
+                self.node_scale[role] = 1.0 / gb.x[n_sel].std().clamp_min(1e-6)
+
+    def _times(self, t: Tensor | float | None, n: int) -> Tensor | None:
         if (self.time is None) != (t is None):
             raise ValueError("pass t exactly when the model was built with time=True")
-        B = gb.num_graphs
-        h = self.node_in(gb.x * self.node_scale.repeat(B).unsqueeze(-1)) + self.pos(gb.pos)
-        e = self.edge_in(gb.edge_attr * self.edge_scale.repeat(B).unsqueeze(-1))
-        cond = self.time(t.expand(gb.num_graphs) if t.dim() == 0 else t) if self.time is not None else None
+        if t is None:
+            return None
+        return self.time(t, n)
+
+    def embed_graph(self, batch: GraphBatch, t: Tensor | float | None = None) -> tuple[Tensor, Tensor]:
+        """Node and edge features ``[N, dim]``, ``[E, dim]`` of a graph batch after all layers. ``t``: a
+        scalar or one time per graph ``[num_graphs]`` (only for ``time=True``)."""
+        batch = self._graph_batch(batch, None)
+        node_role, edge_role = batch.role, batch.edge_role
+        h = self.node_in(batch.x * self.node_scale[node_role].unsqueeze(-1)) + self.pos(batch.pos)
+        e = self.edge_in(batch.edge_attr * self.edge_scale[edge_role].unsqueeze(-1))
+        cond = self._times(t, batch.num_graphs)
+        edge_batch = batch.edge_batch if cond is not None else None
         for k, layer in enumerate(self.layers):
             if cond is not None:
-                gamma, beta = self.time_film[k](cond).chunk(2, -1)
-                h = h * (1 + gamma[gb.batch]) + beta[gb.batch]
-            if self.layer_kind == "pna":
-                h, e = layer(h, gb.edge_index, e)
-            else:
-                h, e = layer(h, gb.edge_index, e, gb.num_graphs)
+                gamma_h, beta_h, gamma_e, beta_e = self.time_film[k](cond).chunk(4, -1)
+                h = h * (1 + gamma_h[batch.batch]) + beta_h[batch.batch]
+                e = e * (1 + gamma_e[edge_batch]) + beta_e[edge_batch]
+            h, e = layer(h, batch.edge_index, e, batch.batch)
+        return h, e
+
+    def embed(self, theta: Tensor, *, t: Tensor | float | None = None,
+              spec: Spec | NeuralGraph | None = None) -> tuple[Tensor, Tensor, GraphBatch]:
+        """Node and edge features ``[B*N, dim]``, ``[B*E, dim]`` after all layers, and the graph batch."""
+        gb = self._graph_batch(theta, spec)
+        h, e = self.embed_graph(gb, t)
         return h, e, gb
 
-    def forward(self, theta: Tensor, t: Tensor | None = None) -> Tensor:
-        h, e, gb = self.embed(theta, t)
+    def forward_graph(self, batch: GraphBatch, t: Tensor | float | None = None) -> Tensor | list[Tensor]:
+        """Outputs for a (possibly mixed) graph batch: invariant head ``[num_graphs, out_dim]`` (rows in
+        the batch's graph order); equivariant head one population ``[count, D_k]`` per part of the batch."""
+        batch = self._graph_batch(batch, None)
+        h, e = self.embed_graph(batch, t)
         if self.head == "invariant":
-            pooled = torch.cat([global_mean_pool(h, gb.batch, gb.num_graphs),
-                                global_max_pool(h, gb.batch, gb.num_graphs),
-                                scatter(e, gb.edge_batch, 0, dim_size=gb.num_graphs, reduce="mean")], -1)
+            G = batch.num_graphs
+            pooled = torch.cat([global_mean_pool(h, batch.batch, G), global_max_pool(h, batch.batch, G),
+                                scatter(e, batch.edge_batch, 0, dim_size=G, reduce="mean")], -1)
             return self.readout(pooled)
-        return self.graph.to_population(self.node_head(h).squeeze(-1), self.edge_head(e))
+        # outputs in the units of the input: undo the role's input scale
+        nodes = self.node_head(h).squeeze(-1) / self.node_scale[batch.role]
+        edges = self.edge_head(e) / self.edge_scale[batch.edge_role].unsqueeze(-1)
+        return batch.to_populations(nodes, edges)
+
+    def forward(self, theta: Tensor, *, t: Tensor | float | None = None,
+                spec: Spec | NeuralGraph | None = None) -> Tensor:
+        """``theta [B, D]`` networks of ``spec`` (default: the spec the model was built for) ->
+        ``[B, out_dim]`` (invariant head) or ``[B, D]`` (equivariant head)."""
+        out = self.forward_graph(self._graph_batch(theta, spec), t)
+        return out[0] if self.head == "equivariant" else out
+
+
+class WeightSpaceField(nn.Module):
+    """A vector field over populations of networks, ``field(t, x) -> [B, D]``: a time-conditioned,
+    equivariant :class:`WeightSpaceGNN` (FiLM of time on every node and edge), returning one velocity per
+    weight and bias, equivariant to hidden-neuron permutations, for networks of any width and depth of
+    its family. See chapter 6, "Two message-passing layers".
+
+    Call it as ``field(t, x)`` (``x`` networks of the spec it was built for), ``field(t, x, spec=other)``
+    for another spec of the family, or ``field.forward_graph(t, batch)`` for a mixed
+    :class:`~wsbook.graphs.GraphBatch` (one velocity population per part).
+
+    Args:
+        spec: the architecture the field is built for (default spec of :meth:`forward`).
+        layer, dim, n_layers, attention, heads, mean_log_degree, n_time: as for :class:`WeightSpaceGNN`.
+    """
+
+    def __init__(self, spec: Spec | NeuralGraph, layer: str = "pna", dim: int = 32, n_layers: int = 3, *,
+                 attention: str = "neighbours", heads: int = 4, mean_log_degree: float | None = None,
+                 n_time: int = 8):
+        super().__init__()
+        self.gnn = WeightSpaceGNN(spec, layer, dim=dim, n_layers=n_layers, head="equivariant", time=True,
+                                  attention=attention, heads=heads, mean_log_degree=mean_log_degree, n_time=n_time)
+
+    @property
+    def graph(self) -> NeuralGraph:
+        return self.gnn.graph
+
+    @property
+    def spec(self) -> Spec:
+        return self.gnn.spec
+
+    def set_normalization(self, x: Tensor | GraphBatch, spec: Spec | NeuralGraph | None = None) -> None:
+        """Per-role input scales from a population (see :meth:`WeightSpaceGNN.set_normalization`); the
+        velocities come out in the units of the input."""
+        self.gnn.set_normalization(x, spec)
+
+    def forward(self, t: Tensor | float, x: Tensor, spec: Spec | NeuralGraph | None = None) -> Tensor:
+        """``t`` a scalar or ``[B]``, ``x [B, D]`` networks of ``spec`` -> velocities ``[B, D]``."""
+        return self.gnn(x, t=t, spec=spec)
+
+    def forward_graph(self, t: Tensor | float, batch: GraphBatch) -> list[Tensor]:
+        """``t`` a scalar or one time per graph, a (mixed) graph batch -> one velocity population per part."""
+        return self.gnn.forward_graph(batch, t)
 
 
 class FlatMLP(nn.Module):
-    """Baseline: an MLP on the flattened parameter vector ``[B, D]`` (no symmetry built in)."""
+    """Baseline: an MLP on the flattened parameter vector ``[B, D]`` (no symmetry built in), ``model(theta)``.
+    For a flat vector field ``field(t, x)`` over weights use :class:`wsbook.flows.TimeMLP`."""
 
     def __init__(self, n_params: int, hidden: int = 128, out_dim: int = 1, n_layers: int = 2):
         super().__init__()
         self.n_params = n_params
         self.net = mlp([n_params] + [hidden] * n_layers + [out_dim])
 
-    def forward(self, theta: Tensor, t: Tensor | None = None) -> Tensor:
+    def forward(self, theta: Tensor) -> Tensor:
         if theta.dim() != 2 or theta.shape[1] != self.n_params:
             raise ValueError(f"theta must be [B, {self.n_params}]; got {tuple(theta.shape)}")
         return self.net(theta)
