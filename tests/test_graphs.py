@@ -60,10 +60,10 @@ def test_gnn_equivariance_and_invariance(spec, layer, attention):
     theta = _population(spec)
     perm = graph.random_hidden_permutation(4, torch.Generator().manual_seed(2))
     permuted = graph.permute_nodes(theta, perm)
-    t = torch.rand(4)
+    times = torch.rand(4)
     inv = WeightSpaceGNN(graph, layer, dim=16, n_layers=2, head="invariant", out_dim=3, attention=attention, time=True)
-    inv.set_normalization(theta)                          # per-layer input scales keep the symmetry
-    torch.testing.assert_close(inv(permuted, t=t), inv(theta, t=t), atol=1e-5, rtol=0)
+    inv.set_normalization(theta)                          # per-role input scales keep the symmetry
+    torch.testing.assert_close(inv(permuted, t=times), inv(theta, t=times), atol=1e-5, rtol=0)
     equi = WeightSpaceGNN(graph, layer, dim=16, n_layers=2, head="equivariant", attention=attention)
     out = equi(theta)
     assert out.shape == theta.shape
