@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import MessagePassing
-from torch_geometric.nn.aggr import Aggregation, MultiAggregation
+from torch_geometric.nn.aggr import Aggregation
 from torch_geometric.utils import degree, scatter, softmax, to_dense_batch
 
 
@@ -56,20 +56,32 @@ class DegreeScaledAggregation(Aggregation):
     the scalers ``S(d, alpha) = (log(d + 1) / delta)^alpha`` computed from the degrees of the graph being
     aggregated and one fixed reference ``delta`` (``mean_log_degree``), instead of a degree histogram of
     one architecture. The same layer therefore aggregates graphs of any width and depth.
+
+    Mean and standard deviation come from one sum and one sum of squares per node (as torch-geometric's
+    ``StdAggregation`` computes them, without computing the mean twice); nodes without incoming
+    messages aggregate to zero.
     """
 
     def __init__(self, mean_log_degree: float):
         super().__init__()
         if not mean_log_degree > 0:
             raise ValueError(f"mean_log_degree must be positive; got {mean_log_degree}")
-        self.aggr = MultiAggregation(["mean", "std", "max", "min"])
         self.mean_log_degree = float(mean_log_degree)
 
     def forward(self, x: Tensor, index: Tensor | None = None, ptr: Tensor | None = None,
                 dim_size: int | None = None, dim: int = -2) -> Tensor:
         self.assert_index_present(index)
-        out = self.aggr(x, index, ptr, dim_size, dim)
-        log_deg = torch.log(degree(index, num_nodes=out.shape[0], dtype=out.dtype).clamp(min=1) + 1).unsqueeze(-1)
+        if x.dim() != 2 or dim not in (0, -2):
+            raise ValueError(f"DegreeScaledAggregation expects messages [M, d] aggregated over dim 0; got {tuple(x.shape)}")
+        n = int(index.max()) + 1 if dim_size is None else dim_size
+        deg = degree(index, num_nodes=n, dtype=x.dtype).clamp(min=1).unsqueeze(-1)
+        mean = scatter(x, index, 0, dim_size=n, reduce="sum") / deg
+        var = scatter(x * x, index, 0, dim_size=n, reduce="sum") / deg - mean * mean
+        std = var.clamp(min=1e-5).sqrt()
+        std = std.masked_fill(std <= math.sqrt(1e-5), 0.0)
+        out = torch.cat([mean, std, scatter(x, index, 0, dim_size=n, reduce="max"),
+                         scatter(x, index, 0, dim_size=n, reduce="min")], -1)
+        log_deg = torch.log(deg + 1)
         return torch.cat([out, out * (log_deg / self.mean_log_degree), out * (self.mean_log_degree / log_deg)], -1)
 
     def extra_repr(self) -> str:
@@ -108,7 +120,7 @@ class PNAEdgeLayer(MessagePassing):
         target, source = F.linear(h, w[:, :d], self.pre.bias), F.linear(h, w[:, d:])
         # film(e + direction_k) = film_W e + film(direction_k): project each edge once for both directions
         fe, fd = F.linear(e, self.film.weight), self.film(self.direction.weight)
-        f = torch.cat([fe + fd[0], fe + fd[1]], 0)
+        f = (fe.unsqueeze(0) + fd.unsqueeze(1)).reshape(-1, fe.shape[-1])          # [2E, 2d]: both directions
         agg = self.propagate(ei, target=target, source=source, f=f, size=(h.shape[0], h.shape[0]))
         h = self.norm_node(h + self.update_node(torch.cat([h, agg], -1)))
         e = self.norm_edge(e + _edge_update(self.update_edge, h, e, edge_index))
@@ -116,7 +128,7 @@ class PNAEdgeLayer(MessagePassing):
 
     def message(self, target_i: Tensor, source_j: Tensor, f: Tensor) -> Tensor:
         gamma, beta = f.chunk(2, -1)
-        return self.post(gamma * (target_i + source_j) + beta)
+        return self.post(torch.addcmul(beta, gamma, target_i + source_j))
 
 
 class RelationalTransformerLayer(nn.Module):
@@ -157,7 +169,7 @@ class RelationalTransformerLayer(nn.Module):
         nq, nk, nv = self.node_qkv(h).chunk(3, -1)
         # edge_qkv is linear without bias: edge_qkv(e + direction_k) = edge_qkv(e) + edge_qkv(direction_k)
         fe, fd = self.edge_qkv(e), self.edge_qkv(self.direction.weight)
-        eq, ek, ev = torch.cat([fe + fd[0], fe + fd[1]], 0).chunk(3, -1)
+        eq, ek, ev = (fe.unsqueeze(0) + fd.unsqueeze(1)).reshape(-1, fe.shape[-1]).chunk(3, -1)
         q = (nq[dst] + eq).view(-1, H, dh)
         k = (nk[src] + ek).view(-1, H, dh)
         v = (nv[src] + ev).view(-1, H, dh)
