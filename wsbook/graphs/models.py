@@ -174,6 +174,8 @@ class WeightSpaceGNN(nn.Module):
                 spec: Spec | NeuralGraph | None = None) -> Tensor:
         """``theta [B, D]`` networks of ``spec`` (default: the spec the model was built for) ->
         ``[B, out_dim]`` (invariant head) or ``[B, D]`` (equivariant head)."""
+        if isinstance(theta, GraphBatch):
+            raise TypeError("forward takes a population tensor [B, D]; call forward_graph for a GraphBatch")
         out = self.forward_graph(self._graph_batch(theta, spec), t)
         return out[0] if self.head == "equivariant" else out
 
