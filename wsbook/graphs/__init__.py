@@ -4,11 +4,12 @@
   structure once; populations ``[B, D]`` become batched graphs by gathering and come back by scattering.
 * :class:`PNAEdgeLayer`, :class:`RelationalTransformerLayer`, :class:`FourierTime`: layers.
 * :class:`WeightSpaceGNN` (invariant or equivariant head), :class:`FlatMLP` baseline.
-* :mod:`wsbook.graphs.train`: model zoos and generalization prediction (Kendall tau, R^2).
-* :mod:`wsbook.graphs.align`: a learned, equivariant aligner (DEEP-ALIGN style) and its comparison with
-  weight matching and Sinkhorn re-basin.
-* :mod:`wsbook.graphs.inr`: SIREN zoos of digit images and the canonicalizing autoencoder.
-* :mod:`wsbook.graphs.plot`: drawing a network as its neural graph.
+* :mod:`wsbook.graphs.train`: predictors over weights and their metrics (Kendall tau, R^2).
+* :mod:`wsbook.graphs.align`: a learned, equivariant aligner (DEEP-ALIGN style).
+* :mod:`wsbook.graphs.inr`: rendering SIRENs and the canonicalizing autoencoder.
+
+The book's zoos and benchmarks are in :mod:`wsbook.experiments`; the drawing of a neural graph is
+:func:`wsbook.figures.draw_neural_graph`.
 """
 from wsbook.graphs.cnn import CNNSpec
 from wsbook.graphs.layers import FourierTime, PNAEdgeLayer, RelationalTransformerLayer

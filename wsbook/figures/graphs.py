@@ -1,12 +1,15 @@
-"""Drawing a neural graph: neurons as nodes coloured by bias, weights as edges coloured by value."""
+"""Drawing a neural graph (chapter 6): neurons as nodes coloured by bias, weights as edges coloured by value."""
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 from torch import Tensor
 
-from wsbook.graphs.neural_graph import NeuralGraph
+if TYPE_CHECKING:   # only for the annotation: drawing needs no torch-geometric import
+    from wsbook.graphs.neural_graph import NeuralGraph
 
 
 def draw_neural_graph(graph: NeuralGraph, theta: Tensor, *, n_bins: int = 15, colorscale: str = "RdBu",
