@@ -12,7 +12,16 @@ from wsbook.figures import style
 
 
 def function_samples(x: Tensor, curves: Mapping[str, Tensor], n_show: int = 8, title: str = "") -> go.Figure:
-    """Side-by-side panels of sampled 1-D functions ``curves[name] = [n, N]`` over inputs ``x [N]``."""
+    """Side-by-side panels of sampled 1-D functions over shared inputs.
+
+    See chapter 2, "Priors: one weight prior, many function priors".
+
+    Args:
+        x: inputs ``[N]`` (or ``[N, 1]``).
+        curves: panel title -> sampled function values ``[n, N]``.
+        n_show: functions drawn per panel.
+        title: figure title.
+    """
     from plotly.subplots import make_subplots
 
     names = list(curves)

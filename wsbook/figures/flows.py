@@ -49,7 +49,17 @@ def _arrow(fig: go.Figure, base: np.ndarray, vec: np.ndarray, color: str, name: 
 
 def sphere_geometry(x: Tensor, u: Tensor, w: Tensor, n_transport: int = 5, title: str = "") -> go.Figure:
     """The sphere S^2 with a point ``x``, a tangent vector ``u`` at x, the geodesic t -> exp_x(t u) to
-    y = exp_x(u), log_y(x) at y, and a vector ``w`` parallel-transported along the geodesic."""
+    y = exp_x(u), log_y(x) at y, and a vector ``w`` parallel-transported along the geodesic.
+
+    See chapter 4, "A short review of Riemannian geometry".
+
+    Args:
+        x: a point on S^2 ``[1, 3]``.
+        u: a tangent vector at ``x`` ``[1, 3]``.
+        w: the tangent vector at ``x`` that is transported ``[1, 3]``.
+        n_transport: number of points along the geodesic where the transported ``w`` is drawn.
+        title: figure title.
+    """
     s = Sphere(3)
     fig = style.scene3d(go.Figure(style.sphere_surface()), title=title, height=560)
     ts = torch.linspace(0, 1, 60)[:, None]

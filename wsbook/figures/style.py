@@ -91,7 +91,18 @@ def setup() -> None:
 
 def curves_with_bands(x: Sequence[float] | np.ndarray, curves: Mapping[str, tuple], *, title: str = "",
                       xaxis: str = "", yaxis: str = "", alpha: float = 0.2) -> go.Figure:
-    """Lines with shaded bands: ``curves[name] = (mean, lower, upper)`` (bands optional: ``(mean,)``)."""
+    """Lines with shaded bands, one per entry of ``curves``, each in its method's colour.
+
+    See chapter 5, "Experiment 1: aligning a zoo of digit classifiers" (loss along the segment).
+
+    Args:
+        x: the shared x values.
+        curves: name -> ``(mean, lower, upper)``, or ``(mean,)`` for a line without band.
+        title: figure title.
+        xaxis: x-axis title.
+        yaxis: y-axis title.
+        alpha: opacity of the bands.
+    """
     x = np.asarray(x)
     fig = go.Figure()
     for name, values in curves.items():
@@ -111,8 +122,21 @@ def curves_with_bands(x: Sequence[float] | np.ndarray, curves: Mapping[str, tupl
 def heatmap_grid(z: Mapping[str, np.ndarray], x: np.ndarray, y: np.ndarray, *, cols: int = 3, title: str = "",
                  colorscale: str = "Viridis", zmin: float | None = None, zmax: float | None = None,
                  points: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> go.Figure:
-    """One heatmap per entry of ``z`` (each ``[len(y), len(x)]``) on a shared colour scale, with optional
-    scatter ``points = (px, py, labels)`` drawn on every panel."""
+    """One heatmap per entry of ``z`` on a shared colour scale, with optional points on every panel.
+
+    See chapter 1, "Agreement on the data, disagreement away from it".
+
+    Args:
+        z: panel title -> values ``[len(y), len(x)]``.
+        x: column coordinates.
+        y: row coordinates.
+        cols: panels per row.
+        title: figure title.
+        colorscale: a plotly colour scale name.
+        zmin: bottom of the shared colour scale (default: the smallest value of all panels).
+        zmax: top of the shared colour scale (default: the largest value of all panels).
+        points: ``(px, py, labels)`` drawn as a scatter on every panel, coloured by label.
+    """
     from plotly.subplots import make_subplots
 
     names = list(z)
@@ -134,7 +158,14 @@ def heatmap_grid(z: Mapping[str, np.ndarray], x: np.ndarray, y: np.ndarray, *, c
 
 
 def scene3d(fig: go.Figure | None = None, *, title: str = "", aspect: str = "cube", height: int = 550) -> go.Figure:
-    """A 3-D figure with the book's scene defaults (equal axes, no background grid clutter)."""
+    """A 3-D figure with the book's scene defaults (equal axes, no background grid clutter).
+
+    Args:
+        fig: a figure to style (default: a new one).
+        title: figure title.
+        aspect: plotly's ``scene.aspectmode``.
+        height: figure height in pixels.
+    """
     fig = fig or go.Figure()
     axis = dict(showbackground=False, zeroline=False)
     fig.update_layout(title=title, height=height,
