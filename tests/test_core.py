@@ -206,6 +206,17 @@ def test_moving_a_cached_function_keeps_its_entries():
         cache._REGISTRY["test/probe"] = f"{_probe.__module__}.{_probe.__qualname__}"
 
 
+def test_entries_under_an_old_name_are_carried_over():
+    # an entry as the module-path keys stored it (same arguments, scale and version)
+    probe_calls.clear()
+    old = "tests.old_module._probe"
+    key, description = cache.make_key(old, {"x": 11, "opts": (1.0,)}, "1")
+    cache.save_entry(key, old, description, torch.full((1,), 7.0))
+    assert cache.rename_entries(old, "test/probe") == 1
+    assert _probe(11).item() == 7.0 and probe_calls == [], "the carried-over entry is a hit"
+    assert cache.rename_entries(old, "test/probe") == 0
+
+
 def _requirements(text: str) -> dict[str, str]:
     out = {}
     for line in text:

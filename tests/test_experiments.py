@@ -40,6 +40,16 @@ def test_cached_experiments_have_explicit_names():
                      "posterior/run"}
 
 
+def test_legacy_cache_names_map_onto_the_cached_functions():
+    from wsbook import experiments
+    from wsbook.experiments import zoos as z
+
+    current = {fn.cache_name for fn in (z.train_zoo, z.fit_variational_zoo, z.fit_inr_pairs, z.digits_zoo,
+                                        z.digit_inr_zoo, tasks.posterior_run)}
+    assert set(experiments.LEGACY_CACHE_NAMES.values()) == current
+    assert experiments.migrate_cache() == {name: 0 for name in current}   # an empty cache: nothing to move
+
+
 def test_published_tables_are_consistent_and_cite_the_bibliography():
     bib = (ROOT / "book" / "references.bib").read_text()
     keys = set(re.findall(r"@\w+\{([^,]+),", bib))

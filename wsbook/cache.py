@@ -135,6 +135,36 @@ def save_entry(key: str, name: str, description: dict[str, Any], value: Any) -> 
     return path
 
 
+def rename_entries(old_name: str, new_name: str) -> int:
+    """Re-key the stored entries of artifact ``old_name`` to ``new_name`` (same arguments, scale and version),
+    so renaming an artifact, or moving to explicit names from the module-path names used before, keeps
+    what was computed. Unreadable entries and entries whose description cannot be carried over are left
+    alone (they are recomputed on use). Returns the number of entries moved.
+
+    Args:
+        old_name: the name stored in the entries, e.g. ``"wsbook.graphs.train.digits_zoo"``.
+        new_name: the name of a :func:`cached` function now, e.g. ``"zoo/digits"``.
+    """
+    if not _NAME.fullmatch(new_name):
+        raise ValueError(f"a cache name is lower-case words joined by '/' (e.g. 'zoo/digits'); got {new_name!r}")
+    moved = 0
+    for path in sorted(cache_dir().glob(f"{old_name.replace('.', '_')}-*.pt")):
+        try:
+            stored = torch.load(path, map_location="cpu", weights_only=True)
+            description = stored["description"]
+            blob = json.dumps(description, sort_keys=True, allow_nan=False)   # NaN keys never matched anyway
+        except Exception:   # unreadable or not carried over: recomputed on use, as any bad entry
+            continue
+        if description.get("name") != old_name:
+            continue
+        description = {**json.loads(blob), "name": new_name}
+        key = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:24]
+        save_entry(key, new_name, description, stored["value"])
+        path.unlink()
+        moved += 1
+    return moved
+
+
 def _to_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to(device)

@@ -33,4 +33,23 @@ def setup_chapter(seed: int = 0) -> torch.Generator:
     return config.seed_everything(seed)
 
 
-__all__ = ["setup_chapter"]
+#: The module-path names artifacts were stored under before they had explicit names.
+LEGACY_CACHE_NAMES = {
+    "wsbook.bayes.tasks.posterior_run": "posterior/run",
+    "wsbook.symmetry.experiments.train_zoo": "zoo/trained",
+    "wsbook.symmetry.experiments.fit_variational_zoo": "zoo/variational",
+    "wsbook.symmetry.experiments.fit_inr_pairs": "zoo/inr_pairs",
+    "wsbook.graphs.train.digits_zoo": "zoo/digits",
+    "wsbook.graphs.inr.digit_inr_zoo": "zoo/digit_inrs",
+}
+
+
+def migrate_cache() -> dict[str, int]:
+    """Carry artifacts cached under the old module-path names (:data:`LEGACY_CACHE_NAMES`) over to their
+    explicit names, so nothing computed before the move is recomputed. Returns entries moved per name."""
+    from wsbook import cache
+
+    return {new: cache.rename_entries(old, new) for old, new in LEGACY_CACHE_NAMES.items()}
+
+
+__all__ = ["setup_chapter", "migrate_cache", "LEGACY_CACHE_NAMES"]
