@@ -17,6 +17,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from wsbook import bayes  # noqa: E402
+from wsbook.experiments import tasks  # noqa: E402
 
 CHAINS = 32
 REPEATS = int(os.environ.get("BENCH_REPEATS", 3))
@@ -24,7 +25,7 @@ SETTINGS = dict(n_samples=int(os.environ.get("BENCH_HMC_SAMPLES", 16)), n_warmup
                 n_leapfrog=10, step_size=5e-3, progress=False)
 
 
-def function_ess(task: bayes.Task, samples: torch.Tensor) -> float:
+def function_ess(task: tasks.Task, samples: torch.Tensor) -> float:
     """Median ESS over test points and classes of p(y|x, theta) along the chains; samples [S, C, D]."""
     S, C, D = samples.shape
     with torch.no_grad():
@@ -33,7 +34,7 @@ def function_ess(task: bayes.Task, samples: torch.Tensor) -> float:
 
 
 def main() -> None:
-    task = bayes.get_task("breast_cancer")
+    task = tasks.get_task("breast_cancer")
     lp = task.log_posterior(dtype=torch.float64)
     theta0 = lp.init(CHAINS, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     warnings.simplefilter("ignore", RuntimeWarning)

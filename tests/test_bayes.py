@@ -206,10 +206,6 @@ def test_bad_inputs_fail_clearly(linreg):
         lp(torch.zeros(2, 5, dtype=torch.float64))
     with pytest.raises(ValueError, match="must map theta"):
         bayes.hmc(lambda t: lp(t).sum(), torch.zeros(2, 3, dtype=torch.float64), n_samples=2, progress=False)
-    with pytest.raises(ValueError, match="unknown task"):
-        bayes.posterior_samples("imagenet", "hmc", 4)
-    with pytest.raises(ValueError, match="unknown method"):
-        bayes.posterior_samples("breast_cancer", "gibbs", 4)
     with pytest.raises(ValueError, match="unknown likelihood"):
         bayes.LogPosterior(lp.spec, lp.x, lp.y, 1.0, "poisson")
 

@@ -65,7 +65,7 @@ def test_gap1d_has_a_gap_in_training_inputs():
 calls = []
 
 
-@cache.cached(version="t1")
+@cache.cached("test/expensive", version="t1")
 def _expensive(n: int, scale_by: float = 2.0):
     calls.append(n)
     return {"theta": torch.arange(n, dtype=torch.float32) * scale_by, "meta": {"n": n, "tags": ["a", "b"]}}
@@ -136,12 +136,85 @@ def test_cache_never_unpickles_code(tmp_path):
 
 
 def test_cache_rejects_unsafe_values():
-    @cache.cached()
+    @cache.cached("test/bad")
     def bad():
         return {"f": object()}
 
     with pytest.raises(TypeError, match="only tensors"):
         bad()
+
+
+probe_calls = []
+
+
+@cache.cached("test/probe", version=1)
+def _probe(x, opts=(1.0,)):
+    probe_calls.append(1)
+    return torch.zeros(1)
+
+
+def test_cache_hits_with_nan_inside_a_tuple_argument():
+    # nan != nan: a raw NaN in the stored description never matched the request, so every call warned
+    # "unreadable" and recomputed
+    probe_calls.clear()
+    _probe(1, opts=(0.5, float("nan"), float("-inf")))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _probe(1, opts=(0.5, float("nan"), float("-inf")))
+    assert len(probe_calls) == 1
+    _probe(1, opts=(0.5, float("nan"), float("inf")))
+    assert len(probe_calls) == 2, "inf and -inf are different keys"
+
+
+def test_cache_keys_bfloat16_and_bool_tensors_by_content():
+    # the key hash went through .numpy(), which has no bfloat16: TypeError
+    probe_calls.clear()
+    x = torch.linspace(-1, 1, 12, dtype=torch.bfloat16).view(3, 4)
+    _probe(x)
+    _probe(x.clone())
+    assert len(probe_calls) == 1
+    _probe(x + 1)
+    _probe(x.t())            # same values, other shape: another entry
+    _probe(torch.tensor(2.0, dtype=torch.bfloat16))
+    _probe(torch.tensor([True, False]))
+    assert len(probe_calls) == 5
+    assert _probe.cache_path(x) == _probe.cache_path(x.t().contiguous().t())
+
+
+def test_cache_name_is_explicit_and_unique():
+    assert _probe.cache_name == "test/probe"
+    assert _probe.cache_path(1).relative_to(cache.cache_dir()).parts[0] == "test", "the name, not the module path"
+    with pytest.raises(ValueError, match="already used"):
+        @cache.cached("test/probe")
+        def other(x):
+            return x
+    with pytest.raises(ValueError, match="lower-case words"):
+        cache.cached("wsbook.graphs.train.digits_zoo")
+
+
+def test_moving_a_cached_function_keeps_its_entries():
+    # the same name on a function defined elsewhere (as after a move) reads the same entry
+    probe_calls.clear()
+    _probe(7)
+    cache._REGISTRY.pop("test/probe")
+    try:
+        moved = cache.cached("test/probe", version=1)(lambda x, opts=(1.0,): probe_calls.append(2))
+        assert moved.cache_path(7) == _probe.cache_path(7)
+        moved(7)
+        assert probe_calls == [1]
+    finally:
+        cache._REGISTRY["test/probe"] = f"{_probe.__module__}.{_probe.__qualname__}"
+
+
+def test_entries_under_an_old_name_are_carried_over():
+    # an entry as the module-path keys stored it (same arguments, scale and version)
+    probe_calls.clear()
+    old = "tests.old_module._probe"
+    key, description = cache.make_key(old, {"x": 11, "opts": (1.0,)}, "1")
+    cache.save_entry(key, old, description, torch.full((1,), 7.0))
+    assert cache.rename_entries(old, "test/probe") == 1
+    assert _probe(11).item() == 7.0 and probe_calls == [], "the carried-over entry is a hit"
+    assert cache.rename_entries(old, "test/probe") == 0
 
 
 def _requirements(text: str) -> dict[str, str]:

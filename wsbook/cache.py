@@ -1,6 +1,7 @@
 """A keyed, atomic, safe-to-load cache for expensive artifacts (trained zoos, posterior samples, flows).
 
-Key = function name + arguments + scale + version. Values are tensors, numbers, strings, ``None`` and
+Key = an explicit artifact name (``"zoo/digits"``, not the module path, so code can move without
+discarding artifacts) + arguments + scale + version. Values are tensors, numbers, strings, ``None`` and
 lists / tuples / dicts of those; they are written with ``torch.save`` to a temporary file and renamed
 into place (atomic), and read with ``torch.load(weights_only=True)``, which never executes code.
 A corrupt or mismatched entry is recomputed with a warning. The directory is ``WSBOOK_CACHE_DIR``
@@ -12,7 +13,9 @@ import functools
 import hashlib
 import inspect
 import json
+import math
 import os
+import re
 import tempfile
 import warnings
 from pathlib import Path
@@ -23,6 +26,8 @@ import torch
 from wsbook import config
 
 _ALLOWED = (torch.Tensor, int, float, str, bool, type(None))
+_NAME = re.compile(r"[a-z0-9_]+(/[a-z0-9_]+)*")
+_REGISTRY: dict[str, str] = {}   # artifact name -> qualified name of the function that owns it
 
 
 def cache_dir() -> Path:
@@ -39,15 +44,28 @@ def enabled() -> bool:
     return os.environ.get("WSBOOK_CACHE", "on").strip().lower() not in ("off", "0", "false", "no")
 
 
+def _tensor_digest(value: torch.Tensor) -> str:
+    """Hash of a tensor's raw bytes (any dtype, bfloat16 and bool included; no NumPy round trip)."""
+    flat = value.detach().cpu().contiguous().reshape(-1)
+    return hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+
+
 def _canonical(value: Any) -> Any:
-    """A JSON-able description of an argument, stable across runs (tensors by content hash)."""
+    """A JSON-able description of an argument, stable across runs (tensors by content hash).
+
+    Non-finite floats become strings (``"nan"``, ``"inf"``, ``"-inf"``): ``nan != nan``, so a raw NaN in
+    the stored description would never match the requested one again.
+    """
     if isinstance(value, torch.Tensor):
-        digest = hashlib.sha256(value.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
-        return {"tensor": list(value.shape), "dtype": str(value.dtype), "sha": digest}
+        if value.layout != torch.strided:
+            raise TypeError(f"cannot build a cache key from a {value.layout} tensor; pass a dense tensor")
+        return {"tensor": list(value.shape), "dtype": str(value.dtype), "sha": _tensor_digest(value)}
     if isinstance(value, (list, tuple)):
         return [_canonical(v) for v in value]
     if isinstance(value, dict):
         return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"float": repr(value)}
     if isinstance(value, (int, float, str, bool, type(None))):
         return value
     if hasattr(value, "__dataclass_fields__"):
@@ -80,6 +98,7 @@ def make_key(name: str, arguments: dict[str, Any], version: str) -> tuple[str, d
 
 
 def _path(key: str, name: str) -> Path:
+    """``<cache dir>/<name>-<key>.pt``; an artifact name's ``/`` makes sub-directories (``zoo/digits-...``)."""
     return cache_dir() / f"{name.replace('.', '_')}-{key}.pt"
 
 
@@ -116,6 +135,36 @@ def save_entry(key: str, name: str, description: dict[str, Any], value: Any) -> 
     return path
 
 
+def rename_entries(old_name: str, new_name: str) -> int:
+    """Re-key the stored entries of artifact ``old_name`` to ``new_name`` (same arguments, scale and version),
+    so renaming an artifact, or moving to explicit names from the module-path names used before, keeps
+    what was computed. Unreadable entries and entries whose description cannot be carried over are left
+    alone (they are recomputed on use). Returns the number of entries moved.
+
+    Args:
+        old_name: the name stored in the entries, e.g. ``"wsbook.graphs.train.digits_zoo"``.
+        new_name: the name of a :func:`cached` function now, e.g. ``"zoo/digits"``.
+    """
+    if not _NAME.fullmatch(new_name):
+        raise ValueError(f"a cache name is lower-case words joined by '/' (e.g. 'zoo/digits'); got {new_name!r}")
+    moved = 0
+    for path in sorted(cache_dir().glob(f"{old_name.replace('.', '_')}-*.pt")):
+        try:
+            stored = torch.load(path, map_location="cpu", weights_only=True)
+            description = stored["description"]
+            blob = json.dumps(description, sort_keys=True, allow_nan=False)   # NaN keys never matched anyway
+        except Exception:   # unreadable or not carried over: recomputed on use, as any bad entry
+            continue
+        if description.get("name") != old_name:
+            continue
+        description = {**json.loads(blob), "name": new_name}
+        key = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:24]
+        save_entry(key, new_name, description, stored["value"])
+        path.unlink()
+        moved += 1
+    return moved
+
+
 def _to_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to(device)
@@ -128,21 +177,38 @@ def _to_device(value: Any, device: torch.device) -> Any:
     return value
 
 
-def cached(version: str = "1") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: cache a function's result under its name, its bound arguments, the scale and ``version``.
+def cached(name: str, version: int | str = 1) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: cache a function's result under an explicit artifact ``name``, its bound arguments, the
+    scale and ``version``.
 
-    Bump ``version`` when the function's meaning changes. Results come back on the configured device.
+    Args:
+        name: the artifact's name, lower-case words separated by ``/`` (``"zoo/digits"``). It is part of
+            the key instead of the function's module path, so moving or renaming the function keeps its
+            artifacts; two functions cannot claim the same name.
+        version: bump it when the function's meaning changes (old entries are then ignored).
+
+    Results come back on the configured device. The wrapper has ``cache_path(*args, **kwargs)`` (the
+    entry's file) and ``cache_name``.
     """
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"a cache name is lower-case words joined by '/' (e.g. 'zoo/digits'); got {name!r}")
+    if not isinstance(version, (int, str)) or isinstance(version, bool):
+        raise TypeError(f"version must be an int or a str; got {type(version).__name__}")
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(fn)
-        name = f"{fn.__module__}.{fn.__qualname__}"
+        owner = f"{fn.__module__}.{fn.__qualname__}"
+        if _REGISTRY.setdefault(name, owner) != owner:
+            raise ValueError(f"cache name {name!r} is already used by {_REGISTRY[name]}; pick another for {owner}")
+
+        def key_of(args: tuple, kwargs: dict) -> tuple[str, dict[str, Any]]:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return make_key(name, dict(bound.arguments), str(version))
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            key, description = make_key(name, dict(bound.arguments), version)
+            key, description = key_of(args, kwargs)
             if enabled():
                 hit, value = load_entry(key, name, description)
                 if hit:
@@ -154,11 +220,10 @@ def cached(version: str = "1") -> Callable[[Callable[..., Any]], Callable[..., A
 
         def cache_path(*args: Any, **kwargs: Any) -> Path:
             """The file an entry for these arguments lives in (whether or not it exists yet)."""
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            return _path(make_key(name, dict(bound.arguments), version)[0], name)
+            return _path(key_of(args, kwargs)[0], name)
 
         wrapper.cache_path = cache_path  # type: ignore[attr-defined]
+        wrapper.cache_name = name  # type: ignore[attr-defined]
         return wrapper
 
     return decorate

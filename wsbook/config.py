@@ -53,6 +53,9 @@ def seed_everything(seed: int = 0) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed(seed)
 
 
+_ALLOCATOR_TUNED: bool | None = None
+
+
 def tune_allocator() -> bool:
     """Let glibc keep freed large blocks for reuse (``WSBOOK_MALLOC_TUNING=0`` turns this off).
 
@@ -60,18 +63,24 @@ def tune_allocator() -> bool:
     pays page faults again for its activations; on a CPU that costs up to half the step time. This
     raises the mmap and trim thresholds (as ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_``
     would). Returns whether the allocator was tuned (only on Linux with glibc).
+
+    A process-wide change, so it is never done at import: :func:`wsbook.nets.train_population` and
+    :func:`wsbook.experiments.setup_chapter` call it. Calls after the first return the first answer.
     """
+    global _ALLOCATOR_TUNED
     if os.environ.get("WSBOOK_MALLOC_TUNING", "1").strip().lower() in ("0", "false", "no", "off"):
         return False
-    try:
-        import ctypes
+    if _ALLOCATOR_TUNED is None:
+        try:
+            import ctypes
 
-        libc = ctypes.CDLL("libc.so.6")
-        m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
-        return bool(libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, 1 << 30)
-                    and libc.mallopt(m_top_pad, 64 << 20))
-    except (OSError, AttributeError):
-        return False
+            libc = ctypes.CDLL("libc.so.6")
+            m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
+            _ALLOCATOR_TUNED = bool(libc.mallopt(m_mmap_threshold, 32 << 20)
+                                    and libc.mallopt(m_trim_threshold, 1 << 30) and libc.mallopt(m_top_pad, 64 << 20))
+        except (OSError, AttributeError):
+            _ALLOCATOR_TUNED = False
+    return _ALLOCATOR_TUNED
 
 
 def progress_enabled() -> bool:

@@ -344,6 +344,7 @@ def train_population(
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"x has {x.shape[0]} examples but y has {y.shape[0]}")
     B, N = theta0.shape[0], x.shape[0]
+    config.tune_allocator()   # keep activation buffers between steps (a process-wide glibc setting)
     param = theta0.detach().clone().requires_grad_(True)
     # fused kernels: one pass over the [B, D] leaf per step instead of one per elementwise operation
     opt = (torch.optim.Adam([param], lr=lr, weight_decay=weight_decay, fused=True) if optimizer == "adam"

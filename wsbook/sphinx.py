@@ -1,6 +1,6 @@
 """Sphinx extension used by the book build: ship ``plotly.min.js`` with the HTML (no CDN, no require.js).
 
-Figures rendered by :class:`wsbook.plots.BookRenderer` are plain divs plus a ``Plotly.newPlot`` call,
+Figures rendered by :class:`wsbook.figures.BookRenderer` are plain divs plus a ``Plotly.newPlot`` call,
 so the library must be loaded, synchronously, before the page body; this extension copies the copy of
 plotly.js that ships with the installed ``plotly`` package into ``_static`` and links it in ``<head>``.
 """

@@ -1,26 +1,24 @@
 """Bayesian deep learning on populations: priors, likelihoods, inference methods, model averaging, metrics.
 
 Every method is driven by one signature, ``log_posterior(theta[B, D], batch) -> [B]``
-(:class:`LogPosterior`), so swapping the inference method is a one-line change.
+(:class:`LogPosterior`), so swapping the inference method is a one-line change. The book's named tasks
+and cached posterior runs live in :mod:`wsbook.experiments.tasks`.
 """
 from wsbook.bayes.laplace import LaplacePosterior, fit_laplace, ggn, jacobian
 from wsbook.bayes.mcmc import DualAveraging, SampleResult, hmc, sghmc, sgld, step_schedule
-from wsbook.bayes.metrics import (accuracy, agreement, bma, brier, ece, ess, gaussian_nll, nll, predictive_probs,
-                                  rmse, split_rhat, total_variation)
+from wsbook.bayes.metrics import (accuracy, agreement, bma, brier, ece, ess, gaussian_nll, nll, predictive_entropy,
+                                  predictive_probs, rmse, split_rhat, total_variation)
 from wsbook.bayes.model import GaussianPrior, LogPosterior, log_likelihood
 from wsbook.bayes.optim import MAPResult, deep_ensemble, fit_map, sgd_trajectory
-from wsbook.bayes.tasks import (METHODS, TASKS, Task, chain_modes, compare_methods, get_task, posterior_run,
-                                posterior_samples, predictive_from_outputs)
 from wsbook.bayes.vi import MeanFieldPosterior, fit_mean_field, fit_vi, gaussian_kl
 
 __all__ = [
-    "accuracy", "agreement", "bma", "brier", "ece", "ess", "gaussian_nll", "nll", "predictive_probs", "rmse",
+    "accuracy", "agreement", "bma", "brier", "ece", "ess", "gaussian_nll", "nll", "predictive_entropy",
+    "predictive_probs", "rmse",
     "split_rhat", "total_variation",
     "GaussianPrior", "LogPosterior", "log_likelihood",
     "MeanFieldPosterior", "fit_mean_field", "fit_vi", "gaussian_kl",
     "LaplacePosterior", "fit_laplace", "ggn", "jacobian",
     "DualAveraging", "SampleResult", "hmc", "sghmc", "sgld", "step_schedule",
     "MAPResult", "deep_ensemble", "fit_map", "sgd_trajectory",
-    "METHODS", "TASKS", "Task", "chain_modes", "compare_methods", "get_task", "posterior_run", "posterior_samples",
-    "predictive_from_outputs",
 ]

@@ -155,3 +155,8 @@ def ess(draws: Tensor) -> Tensor:
     keep = torch.cumprod((pairs > 0).to(pairs.dtype), 0)
     tau = -1 + 2 * (pairs * keep).sum(0)
     return (m * n / tau.clamp_min(1.0 / (m * n))).clamp_max(m * n * math.log10(m * n))
+
+
+def predictive_entropy(p: Tensor) -> Tensor:
+    """Entropy ``-sum_c p_c log p_c`` of class probabilities ``[..., C]`` (at most ``log C``)."""
+    return -(p * torch.log(p.clamp_min(1e-12))).sum(-1)

@@ -1,7 +1,6 @@
 """Generic (Riemannian) conditional flow matching, built from separate parts: a coupling, a path, a
 vector-field model, a trainer, an ODE solver and a likelihood estimator (Lipman et al. 2023; Tong et al.
 2023; Chen & Lipman 2024). Nothing here knows about neural-network weights."""
-from wsbook.flows import plotting
 from wsbook.flows.couplings import IndependentCoupling, OTCoupling, coupling_cost, make_coupling, ot_assignment
 from wsbook.flows.likelihood import LikelihoodResult, divergence, log_likelihood, rademacher
 from wsbook.flows.metrics import straightness, wasserstein2
@@ -13,7 +12,6 @@ from wsbook.flows.toys import (GaussianMixture, VonMisesFisherMixture, eight_gau
 from wsbook.flows.train import FlowTrainResult, cfm_loss, train_flow
 
 __all__ = [
-    "plotting",
     "IndependentCoupling", "OTCoupling", "coupling_cost", "make_coupling", "ot_assignment",
     "LikelihoodResult", "divergence", "log_likelihood", "rademacher",
     "straightness", "wasserstein2", "TimeEmbedding", "TimeMLP", "time_features",

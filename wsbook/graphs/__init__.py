@@ -8,11 +8,12 @@
 * :class:`WeightSpaceGNN` (invariant or equivariant head, ``model(theta)``), :class:`WeightSpaceField`
   (the time-conditioned equivariant GNN as a vector field ``field(t, x)``), :class:`FlatMLP` baseline.
   None of them is tied to the width or depth of the spec it was built for.
-* :mod:`wsbook.graphs.train`: model zoos and generalization prediction (Kendall tau, R^2).
-* :mod:`wsbook.graphs.align`: a learned, equivariant aligner (DEEP-ALIGN style) and its comparison with
-  weight matching and Sinkhorn re-basin.
-* :mod:`wsbook.graphs.inr`: SIREN zoos of digit images and the canonicalizing autoencoder.
-* :mod:`wsbook.graphs.plot`: drawing a network as its neural graph.
+* :mod:`wsbook.graphs.train`: predictors over weights and their metrics (Kendall tau, R^2).
+* :mod:`wsbook.graphs.align`: a learned, equivariant aligner (DEEP-ALIGN style).
+* :mod:`wsbook.graphs.inr`: rendering SIRENs and the canonicalizing autoencoder.
+
+The book's zoos and benchmarks are in :mod:`wsbook.experiments`; the drawing of a neural graph is
+:func:`wsbook.figures.draw_neural_graph`.
 """
 from wsbook.graphs.cnn import CNNSpec
 from wsbook.graphs.layers import DegreeScaledAggregation, PNAEdgeLayer, RelationalTransformerLayer

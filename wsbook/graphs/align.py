@@ -97,45 +97,6 @@ def fit_aligner(model: LearnedAligner, zoo: Tensor, x: Tensor, y: Tensor, *, ste
     return history
 
 
-def compare_alignments(aligner: LearnedAligner, theta_a: Tensor, theta_b: Tensor, x_fit: Tensor, y_fit: Tensor,
-                       x_eval: Tensor, y_eval: Tensor, *, sinkhorn_steps: int = 200, seed: int = 0) -> dict:
-    """Align every ``theta_b[i]`` to ``theta_a[i]`` with: nothing (naive), weight matching, Sinkhorn re-basin
-    (interpolation loss on ``x_fit``), the learned aligner, and Sinkhorn started from weight matching or from
-    the learned aligner (paper ``001``, table 1). Returns per method the test-loss ``barrier`` and ``auc``
-    (means over pairs) and ``seconds_per_pair`` (wall clock of the whole batch divided by the pairs)."""
-    import time
-
-    from wsbook.symmetry import auc, barrier, interpolation_curve, sinkhorn_matching, weight_matching
-
-    spec = aligner.spec
-    n = spec.check(theta_b).shape[0]
-    gen = lambda: torch.Generator().manual_seed(seed)  # noqa: E731
-
-    def timed(fn):
-        start = time.perf_counter()
-        out = fn()
-        return out, (time.perf_counter() - start) / n
-
-    aligned, seconds = {"naive": theta_b}, {"naive": 0.0}
-    (wm_perms, aligned["weight_matching"]), seconds["weight_matching"] = timed(
-        lambda: weight_matching(spec, theta_a, theta_b, generator=gen()))
-    (_, aligned["sinkhorn"]), seconds["sinkhorn"] = timed(
-        lambda: sinkhorn_matching(spec, theta_a, theta_b, x_fit, y_fit, loss="random", steps=sinkhorn_steps, generator=gen()))
-    (learned_perms, aligned["learned"]), seconds["learned"] = timed(lambda: aligner.align(theta_a, theta_b))
-    (_, aligned["wm_sinkhorn"]), t = timed(lambda: sinkhorn_matching(
-        spec, theta_a, theta_b, x_fit, y_fit, loss="random", steps=sinkhorn_steps, init=wm_perms, generator=gen()))
-    seconds["wm_sinkhorn"] = seconds["weight_matching"] + t
-    (_, aligned["learned_sinkhorn"]), t = timed(lambda: sinkhorn_matching(
-        spec, theta_a, theta_b, x_fit, y_fit, loss="random", steps=sinkhorn_steps, init=learned_perms, generator=gen()))
-    seconds["learned_sinkhorn"] = seconds["learned"] + t
-    out = {}
-    for name, theta in aligned.items():
-        curve = interpolation_curve(spec, theta_a, theta, x_eval, y_eval)
-        out[name] = {"barrier": barrier(curve).mean().item(), "auc": auc(curve).mean().item(),
-                     "seconds_per_pair": seconds[name], "curve": curve["loss"].mean(0)}
-    return out
-
-
 def planted_recovery(aligner: LearnedAligner, theta: Tensor, moved: Tensor, truth: list[Tensor]) -> float:
     """Fraction of hidden neurons whose predicted match equals the planted one: ``aligner.align(theta, moved)``
     against ``truth`` (the permutations that map ``moved`` back onto ``theta``)."""

@@ -1,6 +1,7 @@
 """SIREN INRs of digit images and an autoencoder that canonicalizes them (paper ``004``).
 
-* :func:`digit_inr_zoo`: one SIREN per 8x8 digit image, all fitted at once as a ``[B, D]`` population.
+* :func:`pixel_grid` / :func:`render`: an INR's image on a grid (the zoo of digit SIRENs is
+  :func:`wsbook.experiments.zoos.digit_inr_zoo`).
 * :class:`INREncoder`: invariant to hidden-neuron permutations (a :class:`WeightSpaceGNN` with an
   invariant head) and to sign flips (hidden neurons are first sign-canonicalized so every hidden bias is
   non-negative; for odd activations such as sine this picks one member of each sign orbit).
@@ -13,8 +14,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from wsbook import data
-from wsbook.cache import cached
 from wsbook.graphs.layers import mlp
 from wsbook.graphs.models import WeightSpaceGNN
 from wsbook.graphs.neural_graph import NeuralGraph
@@ -32,40 +31,6 @@ def pixel_grid(side: int = 8, device: torch.device | str | None = None) -> Tenso
 def render(spec: MLPSpec, theta: Tensor, coords: Tensor) -> Tensor:
     """Pixel values of every INR in ``theta`` at ``coords``: ``[B, P]``."""
     return spec.forward(theta, coords).squeeze(-1)
-
-
-@cached(version="1")
-def digit_inr_zoo(n_images: int = 256, hidden: int = 16, depth: int = 2, frequency: float = 10.0,
-                  steps: int = 500, lr: float = 1e-3, shared_init: bool = False, seed: int = 0) -> dict:
-    """Fit one SIREN ``2 -> hidden x depth -> 1`` (Sitzmann et al., 2020) to each of the first
-    ``n_images`` digits of the training split (pixels scaled to [0, 1]), all at once with Adam. With
-    ``shared_init`` every SIREN starts from the same random initialisation (as in many INR datasets),
-    otherwise each has its own.
-
-    Returns ``theta [B, D]``, ``images [B, 64]``, ``labels [B]``, ``mse [B]`` and ``widths`` / ``frequency``.
-    """
-    ds = data.load("digits")
-    x = ds.x_train[:n_images]
-    if x.shape[0] < n_images:
-        raise ValueError(f"digits has only {x.shape[0]} training images; asked for {n_images}")
-    images = (x - ds.x_train.min()) / (ds.x_train.max() - ds.x_train.min())
-    spec = MLPSpec((2, *[hidden] * depth, 1), activation="sine", frequency=frequency)
-    coords = pixel_grid(8, x.device)
-    gen = torch.Generator().manual_seed(seed)
-    theta = spec.init(1 if shared_init else n_images, "siren", generator=gen, device=x.device)
-    theta = theta.expand(n_images, -1).clone().requires_grad_(True)
-    opt = torch.optim.Adam([theta], lr=lr)
-    for _ in range(steps):
-        loss = ((render(spec, theta, coords) - images) ** 2).mean(1)
-        opt.zero_grad(set_to_none=True)
-        loss.sum().backward()
-        opt.step()
-    theta = theta.detach()
-    mse = ((render(spec, theta, coords) - images) ** 2).mean(1)
-    if not torch.isfinite(mse).all():
-        raise FloatingPointError("SIREN fitting diverged; lower lr")
-    return {"theta": theta, "images": images, "labels": ds.y_train[:n_images], "mse": mse,
-            "widths": list(spec.widths), "frequency": frequency}
 
 
 class INREncoder(nn.Module):

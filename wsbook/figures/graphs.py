@@ -1,12 +1,15 @@
-"""Drawing a neural graph: neurons as nodes coloured by bias, weights as edges coloured by value."""
+"""Drawing a neural graph (chapter 6): neurons as nodes coloured by bias, weights as edges coloured by value."""
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 from torch import Tensor
 
-from wsbook.graphs.neural_graph import NeuralGraph
+if TYPE_CHECKING:   # only for the annotation: drawing needs no torch-geometric import
+    from wsbook.graphs.neural_graph import NeuralGraph
 
 
 def draw_neural_graph(graph: NeuralGraph, theta: Tensor, *, n_bins: int = 15, colorscale: str = "RdBu",
@@ -14,7 +17,17 @@ def draw_neural_graph(graph: NeuralGraph, theta: Tensor, *, n_bins: int = 15, co
     """An interactive drawing of one network ``theta [D]`` as its neural graph. Edges are binned into
     ``n_bins`` colours of a diverging scale symmetric around zero (one trace per bin, so the figure stays
     light); hovering a node shows its layer, index and bias. For CNN graphs the edge colour is the
-    kernel's mean weight."""
+    kernel's mean weight.
+
+    See chapter 6, "Neural graphs from MLPs and CNNs".
+
+    Args:
+        graph: the :class:`wsbook.graphs.NeuralGraph` of the network's spec.
+        theta: one network ``[D]`` or ``[1, D]``.
+        n_bins: number of edge colours.
+        colorscale: a diverging plotly colour scale.
+        title: figure title.
+    """
     theta = graph.spec.check(theta)
     if theta.shape[0] != 1:
         raise ValueError(f"draw one network at a time; got {theta.shape[0]}")

@@ -1,6 +1,9 @@
-"""The book's plotly style: one template, one colour per method, a few figure helpers, and a renderer
-that works both in JupyterLab (plotly's MIME type) and in the built HTML book (a div drawn by the
-``plotly.min.js`` that :mod:`wsbook.sphinx` ships into the book's ``_static``).
+"""The book's plotly style: one template, one colour per method, a few general figure helpers, and a
+renderer that works both in JupyterLab (plotly's MIME type) and in the built HTML book (a div drawn by
+the ``plotly.min.js`` that :mod:`wsbook.sphinx` ships into the book's ``_static``).
+
+Nothing changes plotly's defaults at import; :func:`setup` does, and the chapters call it (through
+:func:`wsbook.experiments.setup_chapter`) in their first cell.
 """
 from __future__ import annotations
 
@@ -11,7 +14,8 @@ from typing import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
-from plotly.io._base_renderers import MimetypeRenderer
+from plotly.colors import hex_to_rgb
+from plotly.io.base_renderers import MimetypeRenderer
 
 TEMPLATE = "wsbook"
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000",
@@ -46,9 +50,11 @@ def color(name: str) -> str:
     return PALETTE[int(hashlib.md5(key.encode()).hexdigest(), 16) % len(PALETTE)]
 
 
-def _rgba(hex_color: str, alpha: float) -> str:
-    h = hex_color.lstrip("#")
-    r, g, b = (int(h[i:i + 2], 16) for i in (0, 2, 4))
+def rgba(hex_color: str, alpha: float) -> str:
+    """A ``#rrggbb`` colour with opacity ``alpha`` as a CSS ``rgba(...)`` string (for filled bands)."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1]; got {alpha}")
+    r, g, b = hex_to_rgb(hex_color)
     return f"rgba({r},{g},{b},{alpha})"
 
 
@@ -67,7 +73,11 @@ class BookRenderer(MimetypeRenderer):
 
 
 def setup() -> None:
-    """Register the book's template and renderer and make them the defaults (called on import)."""
+    """Register the book's template and renderer and make them plotly's defaults.
+
+    The one place that changes plotly's global state; importing :mod:`wsbook` never does. Chapters call
+    it through :func:`wsbook.experiments.setup_chapter`; call it yourself to get the book's look elsewhere.
+    """
     template = go.layout.Template(pio.templates["plotly_white"])
     template.layout.colorway = PALETTE
     template.layout.font = dict(family="Helvetica, Arial, sans-serif", size=13)
@@ -81,7 +91,18 @@ def setup() -> None:
 
 def curves_with_bands(x: Sequence[float] | np.ndarray, curves: Mapping[str, tuple], *, title: str = "",
                       xaxis: str = "", yaxis: str = "", alpha: float = 0.2) -> go.Figure:
-    """Lines with shaded bands: ``curves[name] = (mean, lower, upper)`` (bands optional: ``(mean,)``)."""
+    """Lines with shaded bands, one per entry of ``curves``, each in its method's colour.
+
+    See chapter 5, "Experiment 1: aligning a zoo of digit classifiers" (loss along the segment).
+
+    Args:
+        x: the shared x values.
+        curves: name -> ``(mean, lower, upper)``, or ``(mean,)`` for a line without band.
+        title: figure title.
+        xaxis: x-axis title.
+        yaxis: y-axis title.
+        alpha: opacity of the bands.
+    """
     x = np.asarray(x)
     fig = go.Figure()
     for name, values in curves.items():
@@ -90,7 +111,7 @@ def curves_with_bands(x: Sequence[float] | np.ndarray, curves: Mapping[str, tupl
         if len(values) == 3:
             lo, hi = np.asarray(values[1]), np.asarray(values[2])
             fig.add_trace(go.Scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([hi, lo[::-1]]),
-                                     fill="toself", fillcolor=_rgba(c, alpha), line=dict(width=0),
+                                     fill="toself", fillcolor=rgba(c, alpha), line=dict(width=0),
                                      hoverinfo="skip", showlegend=False, legendgroup=name))
         fig.add_trace(go.Scatter(x=x, y=mean, mode="lines", name=name, line=dict(color=c, width=2),
                                  legendgroup=name))
@@ -101,8 +122,21 @@ def curves_with_bands(x: Sequence[float] | np.ndarray, curves: Mapping[str, tupl
 def heatmap_grid(z: Mapping[str, np.ndarray], x: np.ndarray, y: np.ndarray, *, cols: int = 3, title: str = "",
                  colorscale: str = "Viridis", zmin: float | None = None, zmax: float | None = None,
                  points: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> go.Figure:
-    """One heatmap per entry of ``z`` (each ``[len(y), len(x)]``) on a shared colour scale, with optional
-    scatter ``points = (px, py, labels)`` drawn on every panel."""
+    """One heatmap per entry of ``z`` on a shared colour scale, with optional points on every panel.
+
+    See chapter 1, "Agreement on the data, disagreement away from it".
+
+    Args:
+        z: panel title -> values ``[len(y), len(x)]``.
+        x: column coordinates.
+        y: row coordinates.
+        cols: panels per row.
+        title: figure title.
+        colorscale: a plotly colour scale name.
+        zmin: bottom of the shared colour scale (default: the smallest value of all panels).
+        zmax: top of the shared colour scale (default: the largest value of all panels).
+        points: ``(px, py, labels)`` drawn as a scatter on every panel, coloured by label.
+    """
     from plotly.subplots import make_subplots
 
     names = list(z)
@@ -124,7 +158,14 @@ def heatmap_grid(z: Mapping[str, np.ndarray], x: np.ndarray, y: np.ndarray, *, c
 
 
 def scene3d(fig: go.Figure | None = None, *, title: str = "", aspect: str = "cube", height: int = 550) -> go.Figure:
-    """A 3-D figure with the book's scene defaults (equal axes, no background grid clutter)."""
+    """A 3-D figure with the book's scene defaults (equal axes, no background grid clutter).
+
+    Args:
+        fig: a figure to style (default: a new one).
+        title: figure title.
+        aspect: plotly's ``scene.aspectmode``.
+        height: figure height in pixels.
+    """
     fig = fig or go.Figure()
     axis = dict(showbackground=False, zeroline=False)
     fig.update_layout(title=title, height=height,
@@ -139,6 +180,3 @@ def sphere_surface(radius: float = 1.0, n: int = 40, opacity: float = 0.25) -> g
     return go.Surface(x=radius * np.cos(u) * np.sin(v), y=radius * np.sin(u) * np.sin(v), z=radius * np.cos(v),
                       opacity=opacity, showscale=False, colorscale=[[0, "#d0d7e1"], [1, "#d0d7e1"]],
                       hoverinfo="skip")
-
-
-setup()

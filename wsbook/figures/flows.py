@@ -1,4 +1,4 @@
-"""Figures for the flow chapters (built on the shared style of :mod:`wsbook.plots`)."""
+"""Figures of the flow chapters 3 and 4: trajectories in the plane and geometry and samples on S^2."""
 from __future__ import annotations
 
 from typing import Mapping
@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from wsbook import plots
+from wsbook.figures import style
 from wsbook.manifolds import Sphere
 
 Tensor = torch.Tensor
@@ -27,7 +27,7 @@ def trajectories_2d(trajectories: Mapping[str, Tensor], n_show: int = 60, height
         traj = _np(trajectories[name][:, :n_show])
         xs = np.concatenate([np.append(traj[:, i, 0], np.nan) for i in range(traj.shape[1])])
         ys = np.concatenate([np.append(traj[:, i, 1], np.nan) for i in range(traj.shape[1])])
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=plots.color(name), width=1),
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=style.color(name), width=1),
                                  opacity=0.6, name=f"{name} paths", showlegend=False), row=1, col=col)
         fig.add_trace(go.Scatter(x=traj[0, :, 0], y=traj[0, :, 1], mode="markers", name="x0 (source)",
                                  marker=dict(size=4, color="#999999"), showlegend=col == 1), row=1, col=col)
@@ -49,9 +49,19 @@ def _arrow(fig: go.Figure, base: np.ndarray, vec: np.ndarray, color: str, name: 
 
 def sphere_geometry(x: Tensor, u: Tensor, w: Tensor, n_transport: int = 5, title: str = "") -> go.Figure:
     """The sphere S^2 with a point ``x``, a tangent vector ``u`` at x, the geodesic t -> exp_x(t u) to
-    y = exp_x(u), log_y(x) at y, and a vector ``w`` parallel-transported along the geodesic."""
+    y = exp_x(u), log_y(x) at y, and a vector ``w`` parallel-transported along the geodesic.
+
+    See chapter 4, "A short review of Riemannian geometry".
+
+    Args:
+        x: a point on S^2 ``[1, 3]``.
+        u: a tangent vector at ``x`` ``[1, 3]``.
+        w: the tangent vector at ``x`` that is transported ``[1, 3]``.
+        n_transport: number of points along the geodesic where the transported ``w`` is drawn.
+        title: figure title.
+    """
     s = Sphere(3)
-    fig = plots.scene3d(go.Figure(plots.sphere_surface()), title=title, height=560)
+    fig = style.scene3d(go.Figure(style.sphere_surface()), title=title, height=560)
     ts = torch.linspace(0, 1, 60)[:, None]
     curve = _np(s.expmap(x.expand(60, 3), ts * u))
     fig.add_trace(go.Scatter3d(x=curve[:, 0], y=curve[:, 1], z=curve[:, 2], mode="lines",
@@ -70,9 +80,9 @@ def sphere_geometry(x: Tensor, u: Tensor, w: Tensor, n_transport: int = 5, title
 
 def sphere_samples(samples: Mapping[str, Tensor], n_show: int = 1500, title: str = "") -> go.Figure:
     """Point clouds on S^2 (one colour per entry)."""
-    fig = plots.scene3d(go.Figure(plots.sphere_surface(opacity=0.15)), title=title)
+    fig = style.scene3d(go.Figure(style.sphere_surface(opacity=0.15)), title=title)
     for name, x in samples.items():
         p = _np(x[:n_show])
         fig.add_trace(go.Scatter3d(x=p[:, 0], y=p[:, 1], z=p[:, 2], mode="markers", name=name,
-                                   marker=dict(size=2, color=plots.color(name), opacity=0.7)))
+                                   marker=dict(size=2, color=style.color(name), opacity=0.7)))
     return fig

@@ -1,4 +1,5 @@
-"""Named posterior-inference tasks and cached posterior sample sets for every inference method.
+"""Named posterior-inference tasks and cached posterior sample sets for every inference method
+(chapter 2, "Inference", and the method chapters' targets).
 
 ``posterior_samples(task, method, n)`` returns ``[n, D]`` weight samples (cached through :mod:`wsbook.cache`);
 ``posterior_run(task, method, n)`` returns them with wall time, diagnostics and the network outputs on the
@@ -16,11 +17,12 @@ import torch
 from torch import Tensor
 
 from wsbook import config, data
+from wsbook.bayes import metrics as M
 from wsbook.bayes.laplace import fit_laplace
 from wsbook.bayes.mcmc import hmc, sghmc, sgld
-from wsbook.bayes.metrics import split_rhat, ess
+from wsbook.bayes.metrics import ess, split_rhat
 from wsbook.bayes.model import GaussianPrior, LogPosterior
-from wsbook.bayes.optim import deep_ensemble, fit_map, sgd_trajectory
+from wsbook.bayes.optim import deep_ensemble, sgd_trajectory
 from wsbook.bayes.vi import fit_vi
 from wsbook.cache import cached
 from wsbook.nets import MLPSpec
@@ -197,14 +199,26 @@ def _run(t: Task, method: str, n: int, seed: int) -> dict:
     return out
 
 
-@cached(version="2")
+@cached("posterior/run", version=2)
 def posterior_run(task: str, method: str, n: int, seed: int = 0) -> dict:
-    """Run ``method`` on ``task`` and keep ``n`` posterior samples (cached). Keys: ``theta [n, D]`` (for chain
-    methods draw-major: row ``s * n_chains + c``), ``f_test [n, N_test, out]`` and, for 1-D/2-D tasks,
-    ``f_grid [n, N_grid, out]`` (network outputs; for Laplace from the linearized predictive), ``seconds``
-    (wall time), and method diagnostics (acceptance, step size, divergences, function-space split-R-hat and
-    ESS of the test-set predictive across chains; for HMC over all ``draws_per_chain >= 16`` draws, of
-    which ``n`` evenly spaced ones are returned)."""
+    """Run ``method`` on ``task`` and keep ``n`` posterior samples (cached).
+
+    See chapter 2, "Inference" and "Breast cancer: every method against HMC".
+
+    Args:
+        task: a name of :data:`TASKS`.
+        method: one of :data:`METHODS`; its per-scale sizes come from :func:`settings`.
+        n: number of weight samples kept.
+        seed: seeds the method's generator (mixed with the task and method names).
+
+    Returns:
+        A dict with ``theta [n, D]`` (for chain methods draw-major: row ``s * n_chains + c``),
+        ``f_test [n, N_test, out]`` and, for 1-D/2-D tasks, ``f_grid [n, N_grid, out]`` (network outputs;
+        for Laplace from the linearized predictive), ``seconds`` (wall time), and method diagnostics
+        (acceptance, step size, divergences, function-space split-R-hat and ESS of the test-set predictive
+        across chains; for HMC over all ``draws_per_chain >= 16`` draws, of which ``n`` evenly spaced ones
+        are returned).
+    """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
     if not isinstance(n, int) or n < 1:
@@ -214,7 +228,14 @@ def posterior_run(task: str, method: str, n: int, seed: int = 0) -> dict:
 
 def posterior_samples(task: str, method: str, n: int, seed: int = 0) -> Tensor:
     """``n`` weight samples ``[n, D]`` of ``method``'s posterior for ``task`` (see :func:`posterior_run`),
-    laid out by ``TASKS[task].spec``. Methods: :data:`METHODS`; tasks: :data:`TASKS`."""
+    laid out by ``TASKS[task].spec``.
+
+    Args:
+        task: a name of :data:`TASKS`.
+        method: one of :data:`METHODS`.
+        n: number of samples.
+        seed: seed of the run (the same seed returns the same cached samples).
+    """
     get_task(task)
     return posterior_run(task, method, n, seed)["theta"]
 
@@ -235,10 +256,17 @@ def compare_methods(task: str, methods: list[str], n: int, seed: int = 0, refere
     The reference is an *independent* run of ``reference`` (seed ``seed + 1``, ``n_reference`` samples,
     default ``n``); every method, ``reference`` included, is run with ``seed`` and ``n`` samples. The row of the
     reference method itself is therefore the ceiling: how close two independent runs of the reference get.
+    See chapter 2, "Breast cancer: every method against HMC".
+
+    Args:
+        task: a classification task of :data:`TASKS`.
+        methods: the rows, names of :data:`METHODS`.
+        n: samples per method.
+        seed: seed of every method's run (the reference uses ``seed + 1``).
+        reference: the method whose independent run is the reference predictive.
+        n_reference: samples of the reference run (default ``n``).
     """
     import pandas as pd
-
-    from wsbook.bayes import metrics as M
 
     t = get_task(task)
     if t.likelihood != "categorical":
@@ -263,8 +291,15 @@ def chain_modes(task: str, n: int, seed: int = 0, method: str = "hmc") -> dict:
     chain's test accuracy and NLL (of its own model average), the median split-R-hat of the weights and of
     the test-set predictive probabilities across chains (weights far above 1 and functions near 1: different
     modes, one function; Izmailov et al., 2021; thesis 000, sec. 2.4), the mean distance between chain means
-    and the mean distance between the means of the two halves of one chain, and pairwise chain agreement."""
-    from wsbook.bayes import metrics as M
+    and the mean distance between the means of the two halves of one chain, and pairwise chain agreement.
+    See chapter 2, "Properties of neural-network posteriors: many modes, one function".
+
+    Args:
+        task: a classification task of :data:`TASKS`.
+        n: samples of the run (at least 4 draws per chain).
+        seed: seed of the run.
+        method: a chain-based method (``hmc``, ``sgld``, ``sghmc``).
+    """
 
     run = posterior_run(task, method, n, seed)
     if "n_chains" not in run or method == "sgd_trajectory":

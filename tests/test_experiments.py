@@ -1,0 +1,137 @@
+"""wsbook.experiments and wsbook.figures: clear errors at the boundary, the one table of published numbers,
+cache names that survive moves, and general figure helpers."""
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from wsbook.experiments import graphs as gexp
+from wsbook.experiments import published, tasks, zoos
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_unknown_task_or_method_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown task"):
+        tasks.posterior_samples("imagenet", "hmc", 4)
+    with pytest.raises(ValueError, match="unknown method"):
+        tasks.posterior_samples("breast_cancer", "gibbs", 4)
+    with pytest.raises(ValueError, match="positive int"):
+        tasks.posterior_run("breast_cancer", "map", 0)
+
+
+def test_predictive_from_outputs_is_the_average_of_softmaxes():
+    f = torch.randn(5, 7, 3, generator=torch.Generator().manual_seed(0))
+    p = tasks.predictive_from_outputs(f)
+    assert torch.allclose(p, torch.stack([torch.softmax(fi, -1) for fi in f]).mean(0))
+    with pytest.raises(ValueError, match="regression"):
+        tasks.predictive_from_outputs(f, "gaussian")
+
+
+def test_cached_experiments_have_explicit_names():
+    from wsbook.experiments import zoos as z
+
+    names = {fn.cache_name for fn in (z.train_zoo, z.fit_variational_zoo, z.fit_inr_pairs, z.digits_zoo,
+                                      z.digit_inr_zoo, tasks.posterior_run)}
+    assert names == {"zoo/trained", "zoo/variational", "zoo/inr_pairs", "zoo/digits", "zoo/digit_inrs",
+                     "posterior/run"}
+
+
+def test_legacy_cache_names_map_onto_the_cached_functions():
+    from wsbook import experiments
+    from wsbook.experiments import zoos as z
+
+    current = {fn.cache_name for fn in (z.train_zoo, z.fit_variational_zoo, z.fit_inr_pairs, z.digits_zoo,
+                                        z.digit_inr_zoo, tasks.posterior_run)}
+    assert set(experiments.LEGACY_CACHE_NAMES.values()) == current
+    assert experiments.migrate_cache() == {name: 0 for name in current}   # an empty cache: nothing to move
+
+
+def test_published_tables_are_consistent_and_cite_the_bibliography():
+    bib = (ROOT / "book" / "references.bib").read_text()
+    keys = set(re.findall(r"@\w+\{([^,]+),", bib))
+    for key, table in published.TABLES.items():
+        assert table.source in keys, f"{key}: {table.source} is not in references.bib"
+        assert all(len(v) == len(table.columns) for v in table.rows.values())
+        for column in table.columns:
+            if column.endswith("_std"):
+                assert all(v >= 0 for v in table.column(column).values())
+    navon = published.table("navon2024/mlp_alignment")
+    assert navon.get("weight_matching", "mnist_barrier") == 0.047
+    assert math.isnan(navon.get("sinkhorn_l2", "mnist_barrier", float("nan")))
+    with pytest.raises(KeyError, match="rows"):
+        navon.get("sinkhorn_l2", "mnist_barrier")
+    with pytest.raises(KeyError, match="columns"):
+        navon.get("naive", "stl10_barrier")
+    with pytest.raises(KeyError, match="available"):
+        published.table("imagenet")
+    frame = published.table("erdogan2025/mnist").frame()
+    assert frame.loc["target", "accuracy"] == 0.933 and list(frame.columns)[:2] == ["accuracy", "accuracy_std"]
+    with pytest.raises(ValueError, match="values for"):
+        published.PublishedTable("x", "Table 0", "", ("a", "b"), {"row": (1.0,)})
+
+
+def test_published_numbers_are_typed_only_in_the_table():
+    # the numbers of the tables chapters 5 and 6 show, as they would be typed (at least three digits)
+    numbers = {f"{v}" for key in ("navon2024/mlp_alignment", "boufalis2025/inr_reconstruction")
+               for row in published.table(key).rows.values() for v in row if len(f"{v}") >= 5}
+    assert {"2.007", "0.047", "0.0096", "0.0135"} <= numbers
+    sources = [p for p in (ROOT / "wsbook").rglob("*.py") if p.name != "published.py"]
+    sources += sorted((ROOT / "chapters").glob("*.md"))
+    found = [(p.name, n) for p in sources for n in numbers
+             if re.search(rf"(?<![\d.]){re.escape(n)}(?!\d)", p.read_text(encoding="utf-8"))]
+    assert not found, f"published numbers typed outside wsbook/experiments/published.py: {found}"
+
+
+def test_split_by_seed_holds_out_whole_runs():
+    seed = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2])
+    train, test = gexp.split_by_seed(seed, 1)
+    assert (seed[test] == 2).all() and (seed[train] < 2).all() and len(train) + len(test) == len(seed)
+    with pytest.raises(ValueError, match="n_test_seeds"):
+        gexp.split_by_seed(seed, 3)
+
+
+def test_pooled_digits_averages_blocks():
+    x = torch.arange(2 * 64, dtype=torch.float32).view(2, 64)
+    pooled = zoos.pooled_digits(x, 2)
+    assert pooled.shape == (2, 16) and pooled[0, 0] == (0 + 1 + 8 + 9) / 4
+    with pytest.raises(ValueError, match="pool"):
+        zoos.pooled_digits(x, 3)
+
+
+# ------------------------------------------------------------------ figures
+def test_entropy_maps_scale_to_the_number_of_classes():
+    from wsbook import figures
+
+    g = torch.linspace(-1, 1, 4)
+    xx, yy = torch.meshgrid(g, g, indexing="xy")
+    grid = torch.stack([xx.reshape(-1), yy.reshape(-1)], 1)
+    probs = {"hmc": torch.full((16, 3), 1 / 3), "map": torch.eye(3)[torch.arange(16) % 3]}
+    fig = figures.entropy_maps(grid, probs, grid[:3], torch.tensor([0, 1, 2]))
+    assert fig.data[0].zmax == pytest.approx(math.log(3))       # three classes: log 3, not log 2
+    assert np.allclose(fig.data[0].z, math.log(3))
+    assert figures.entropy_maps(grid, probs, grid[:3], torch.tensor([0, 1, 2]), zmax=2.0).data[0].zmax == 2.0
+    with pytest.raises(ValueError, match="square"):
+        figures.entropy_maps(grid[:15], {k: v[:15] for k, v in probs.items()}, grid[:3], torch.tensor([0, 1, 2]))
+
+
+def test_regression_panels_y_range_is_an_argument():
+    from wsbook import figures
+
+    x = torch.linspace(-1, 1, 10)
+    runs = {"hmc": torch.randn(4, 10, generator=torch.Generator().manual_seed(0))}
+    auto = figures.regression_panels(x, runs, x, x, 0.1)
+    assert auto.layout.yaxis.range is None
+    fixed = figures.regression_panels(x, runs, x, x, 0.1, y_range=(-2.0, 5.0))
+    assert tuple(fixed.layout.yaxis.range) == (-2.0, 5.0)
+
+
+def test_rgba_uses_public_colour_parsing():
+    from wsbook import figures
+
+    assert figures.rgba("#0072B2", 0.25) == "rgba(0,114,178,0.25)"
+    with pytest.raises(ValueError, match="alpha"):
+        figures.rgba("#0072B2", 1.5)

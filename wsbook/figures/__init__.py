@@ -1,0 +1,24 @@
+"""Every figure of the book, over one shared style (:mod:`wsbook.figures.style`): a method keeps its
+colour in every chapter. Importing this package changes nothing in plotly; :func:`setup` registers the
+book's template and renderer (chapters call it through :func:`wsbook.experiments.setup_chapter`).
+
+* :mod:`~wsbook.figures.style`: template, colours, renderer, general helpers (bands, heatmap grids, 3-D scenes).
+* :mod:`~wsbook.figures.bayes`: sampled functions, regression bands, entropy maps (chapter 2).
+* :mod:`~wsbook.figures.flows`: trajectories, geometry and samples on the sphere (chapters 3 and 4).
+* :mod:`~wsbook.figures.symmetry`: neurons on the sphere (chapter 5).
+* :mod:`~wsbook.figures.graphs`: a network drawn as its neural graph (chapter 6).
+"""
+from wsbook.figures.bayes import entropy_maps, function_samples, regression_panels
+from wsbook.figures.flows import sphere_geometry, sphere_samples, trajectories_2d
+from wsbook.figures.graphs import draw_neural_graph
+from wsbook.figures.style import (METHOD_COLORS, PALETTE, TEMPLATE, BookRenderer, color, curves_with_bands,
+                                  heatmap_grid, rgba, scene3d, setup, sphere_surface)
+from wsbook.figures.symmetry import neurons_on_sphere
+
+__all__ = [
+    "METHOD_COLORS", "PALETTE", "TEMPLATE", "BookRenderer", "color", "rgba", "setup",
+    "curves_with_bands", "heatmap_grid", "scene3d", "sphere_surface",
+    "function_samples", "regression_panels", "entropy_maps",
+    "trajectories_2d", "sphere_geometry", "sphere_samples",
+    "neurons_on_sphere", "draw_neural_graph",
+]
