@@ -117,17 +117,18 @@ def compare_alignments(aligner: LearnedAligner, theta_a: Tensor, theta_b: Tensor
         return out, (time.perf_counter() - start) / n
 
     aligned, seconds = {"naive": theta_b}, {"naive": 0.0}
-    (wm_perms, aligned["weight_matching"]), seconds["weight_matching"] = timed(
-        lambda: weight_matching(spec, theta_a, theta_b, generator=gen()))
-    (_, aligned["sinkhorn"]), seconds["sinkhorn"] = timed(
-        lambda: sinkhorn_matching(spec, theta_a, theta_b, x_fit, y_fit, loss="random", steps=sinkhorn_steps, generator=gen()))
+    wm, seconds["weight_matching"] = timed(lambda: weight_matching(spec, theta_a, theta_b, generator=gen()))
+    aligned["weight_matching"] = wm.aligned
+    sk, seconds["sinkhorn"] = timed(lambda: sinkhorn_matching(
+        spec, theta_a, theta_b, x_fit, y_fit, loss="random", steps=sinkhorn_steps, generator=gen()))
+    aligned["sinkhorn"] = sk.aligned
     (learned_perms, aligned["learned"]), seconds["learned"] = timed(lambda: aligner.align(theta_a, theta_b))
-    (_, aligned["wm_sinkhorn"]), t = timed(lambda: sinkhorn_matching(
-        spec, theta_a, theta_b, x_fit, y_fit, loss="random", steps=sinkhorn_steps, init=wm_perms, generator=gen()))
-    seconds["wm_sinkhorn"] = seconds["weight_matching"] + t
-    (_, aligned["learned_sinkhorn"]), t = timed(lambda: sinkhorn_matching(
+    wm_sk, t = timed(lambda: sinkhorn_matching(
+        spec, theta_a, theta_b, x_fit, y_fit, loss="random", steps=sinkhorn_steps, init=wm.perms, generator=gen()))
+    aligned["wm_sinkhorn"], seconds["wm_sinkhorn"] = wm_sk.aligned, seconds["weight_matching"] + t
+    learned_sk, t = timed(lambda: sinkhorn_matching(
         spec, theta_a, theta_b, x_fit, y_fit, loss="random", steps=sinkhorn_steps, init=learned_perms, generator=gen()))
-    seconds["learned_sinkhorn"] = seconds["learned"] + t
+    aligned["learned_sinkhorn"], seconds["learned_sinkhorn"] = learned_sk.aligned, seconds["learned"] + t
     out = {}
     for name, theta in aligned.items():
         curve = interpolation_curve(spec, theta_a, theta, x_eval, y_eval)
