@@ -316,6 +316,16 @@ def test_weight_matching_recovers_planted_elements_of_narrow_deep_networks():
         assert res.converged.shape == (16,) and bool(res.converged.all())
         if noise == 0:
             assert (res.aligned - ref).abs().max() < 1e-6
+    # the classic start alone (identity) is the failure mode: it stops at wrong fixed points on this network
+    spec = MLPSpec(widths)
+    ref = spec.init(1, generator=g)
+    perms = S.random_permutation(spec, 16, g)
+    classic = S.weight_matching(spec, ref, S.permute(spec, ref, perms), starts=("identity",))
+    exact = torch.stack([(f == t).all(1) for f, t in zip(classic.perms, S.inverse_permutation(perms))]).all(0)
+    assert classic.candidates == 1 and exact.float().mean() < 0.5
+    assert bool(classic.converged[~exact].all())      # converged, yet wrong: a fixed point is only a local optimum
+    with pytest.raises(ValueError, match="starts must be"):
+        S.weight_matching(spec, ref, ref, starts=("sideways",))
 
 
 def test_weight_matching_objective_candidates_and_convergence_flag():

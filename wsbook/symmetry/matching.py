@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -237,44 +238,57 @@ class _Matcher:
         return [p[rows] for p in self.perms], [s[rows] for s in self.sgn]
 
 
+STARTS = ("forward", "backward", "identity")
+
+
 def _match(spec: NetSpec, refs: list[Tensor], others: list[Tensor], *, signs: bool, max_iter: int, restarts: int,
-           generator: torch.Generator | None, init: list[Tensor] | None) -> dict:
-    """Weight matching with restarts; returns the best candidate of every member and the diagnostics."""
+           generator: torch.Generator | None, init: list[Tensor] | None, starts: Sequence[str] = STARTS) -> dict:
+    """Weight matching from several starts; returns the best candidate of every member and the diagnostics."""
     if not isinstance(max_iter, int) or max_iter < 0:
         raise ValueError(f"max_iter must be a non-negative integer; got {max_iter!r}")
     if not isinstance(restarts, int) or restarts < 0:
         raise ValueError(f"restarts must be a non-negative integer; got {restarts!r}")
+    starts = tuple(starts)
+    if not starts or len(set(starts)) != len(starts) or not set(starts) <= set(STARTS):
+        raise ValueError(f"starts must be distinct names from {STARTS}; got {starts!r}")
     widths = symmetry_spec(spec).widths
     B, L = others[0].shape[0], len(widths)
     if init is not None:
+        if "identity" not in starts:
+            raise ValueError("init replaces the 'identity' start; include 'identity' in starts")
         if len(init) != L:
             raise ValueError(f"init needs one permutation per hidden layer ({L}); got {len(init)}")
         init = [torch.as_tensor(p, device=others[0].device).reshape(-1, w).expand(B, w) for p, w in zip(init, widths)]
         check_permutations(init, widths, "init")
-    # candidates: greedy forward, greedy backward, the identity (or the given init), then random restarts
-    K = 3 + restarts
+    # candidates: the named starts in order (greedy passes, identity or init), then the random restarts
+    K = len(starts) + restarts
     m = _Matcher(spec, refs, others, signs, K)
     rows = lambda k: torch.arange(k * B, (k + 1) * B, device=m.dev)  # noqa: E731
-    m.greedy(rows(0), list(range(L)))
-    m.greedy(rows(1), list(reversed(range(L))))
-    if init is not None:
-        for h in range(L):
-            m.perms[h][rows(2)] = init[h].long()
-    # random starts: the greedy solution relabelled by a random element Q_k (shared by all members). As a start
-    # this is as random as a uniform permutation, but the starting *network* does not depend on how theta's
-    # neurons happen to be ordered, so the result is equivariant and canonicalization idempotent.
-    for k in range(3, K):
+    ascending = torch.arange(L)
+    orders = []
+    for k, name in enumerate(starts):
+        if name == "forward":
+            m.greedy(rows(k), ascending.tolist())
+        elif name == "backward":
+            m.greedy(rows(k), ascending.flip(0).tolist())
+        elif init is not None:
+            for h in range(L):
+                m.perms[h][rows(k)] = init[h].long()
+        orders.append(ascending.flip(0) if name == "backward" else ascending)
+    # random starts: a deterministic start relabelled by a random element Q_k (shared by all members). As a
+    # start this is as random as a uniform permutation, but when it is relabelled from a greedy solution the
+    # starting *network* does not depend on how theta's neurons happen to be ordered (equivariance).
+    anchor = next((k for k, name in enumerate(starts) if name != "identity"), 0)
+    for k in range(len(starts), K):
         for h, w in enumerate(widths):
             q = torch.rand(1, w, generator=generator).argsort(1).to(m.dev).expand(B, w)
-            m.perms[h][rows(k)] = m.perms[h][rows(0)].gather(1, q)
+            m.perms[h][rows(k)] = m.perms[h][rows(anchor)].gather(1, q)
             if signs:
                 flips = (torch.rand(1, w, generator=generator) < 0.5).to(m.dtype).to(m.dev) * 2 - 1
-                m.sgn[h][rows(k)] = m.sgn[h][rows(0)].gather(1, q) * flips
-    ascending = torch.arange(L)
-    fixed = torch.stack([ascending, ascending.flip(0), ascending])   # deterministic candidates: fixed orders
-    converged, sweeps = m.descend(max_iter, fixed, generator)
+                m.sgn[h][rows(k)] = m.sgn[h][rows(anchor)].gather(1, q) * flips
+    converged, sweeps = m.descend(max_iter, torch.stack(orders), generator)
     objective = torch.empty(K, B, dtype=others[0].dtype, device=m.dev)
-    for k in range(K):                           # a loop over restarts: each scores the whole population
+    for k in range(K):                           # a loop over starts: each scores the whole population
         perms, sgn = m.element(k)
         objective[k] = sum((ref * _act(spec, t, perms, sgn if signs else None)).sum(1)
                            for ref, t in zip(refs, others))
@@ -291,8 +305,9 @@ def _act(spec: NetSpec, theta: Tensor, perms: list[Tensor], signs: list[Tensor] 
 
 
 # --------------------------------------------------------- weight matching
-def weight_matching(spec: NetSpec, theta_ref: Tensor, theta: Tensor, *, max_iter: int = 100, restarts: int = 0,
-                    generator: torch.Generator | None = None, init: list[Tensor] | None = None) -> Alignment:
+def weight_matching(spec: NetSpec, theta_ref: Tensor, theta: Tensor, *, max_iter: int = 100,
+                    starts: Sequence[str] = STARTS, restarts: int = 0, generator: torch.Generator | None = None,
+                    init: list[Tensor] | None = None) -> Alignment:
     """Weight matching (Ainsworth et al., 2023): find ``pi`` maximising ``sum_l <W_l^ref, P_l W_l P_{l-1}^T>
     + <b_l^ref, P_l b_l>`` by coordinate descent over layers with the Hungarian method.
 
@@ -301,8 +316,8 @@ def weight_matching(spec: NetSpec, theta_ref: Tensor, theta: Tensor, *, max_iter
     several starting points at once, and the one with the largest objective is returned: a greedy pass from
     the input layer (each layer matched by its incoming weights given the previous layer's match; this alone
     recovers an exact permuted copy), the same pass from the output layer, the identity (or ``init``), and
-    ``restarts`` random relabellings of the greedy solution. The three deterministic candidates sweep the
-    layers in a fixed order (input to output; output to input for the backward one), the random ones in a
+    ``restarts`` random relabellings of the greedy solution (``starts`` selects the deterministic ones). The
+    deterministic candidates sweep the layers in a fixed order (input to output; output to input for the backward one), the random ones in a
     fresh random order per sweep; each stops when a full sweep changes nothing (see :class:`Alignment` for
     what ``converged`` certifies). With the default ``restarts=0`` the result is deterministic (the
     ``generator`` is not used); random restarts can raise the objective of unrelated networks a little more
@@ -318,7 +333,9 @@ def weight_matching(spec: NetSpec, theta_ref: Tensor, theta: Tensor, *, max_iter
         theta_ref: reference network(s).
         theta: population ``[B, D]`` to align.
         max_iter: most sweeps over the layers per candidate.
-        restarts: number of random starts in addition to the three deterministic ones.
+        starts: the deterministic starts, any of ``"forward"``, ``"backward"`` (greedy passes) and
+            ``"identity"`` (the classic start of Ainsworth et al.; ``init`` when given).
+        restarts: number of random starts in addition to the deterministic ones.
         generator: randomness of the layer orders and random starts (``None``: torch's global generator).
         init: a starting element (one ``[width]`` or ``[B, width]`` permutation per hidden layer) that replaces
             the identity candidate, e.g. the result of another method.
@@ -326,14 +343,15 @@ def weight_matching(spec: NetSpec, theta_ref: Tensor, theta: Tensor, *, max_iter
     _check_spec(spec)
     ref, theta = _pair(spec, theta_ref, theta)
     out = _match(spec, [ref], [theta], signs=False, max_iter=max_iter, restarts=restarts, generator=generator,
-                 init=init)
+                 init=init, starts=starts)
     return Alignment(perms=out["perms"], aligned=permute(spec, theta, out["perms"]), objective=out["objective"],
                      converged=out["converged"], sweeps=out["sweeps"], candidates=out["candidates"],
                      hungarian_seconds=out["hungarian_seconds"])
 
 
 def sign_aware_weight_matching(spec: NetSpec, theta_ref: Tensor, theta: Tensor, *, max_iter: int = 100,
-                               restarts: int = 0, generator: torch.Generator | None = None) -> Alignment:
+                               starts: Sequence[str] = STARTS, restarts: int = 0,
+                               generator: torch.Generator | None = None) -> Alignment:
     """Weight matching over permutations *and* sign flips, for odd activations (tanh, sine): the Hungarian
     method on ``|C|`` picks the permutation and ``sign(C[i, perm[i]])`` the flip (Boufalis et al., 2025).
     Same candidates and stopping rule as :func:`weight_matching` (the random starts also draw random signs).
@@ -345,7 +363,8 @@ def sign_aware_weight_matching(spec: NetSpec, theta_ref: Tensor, theta: Tensor, 
         theta_ref: reference network(s).
         theta: population ``[B, D]`` to align.
         max_iter: most sweeps over the layers per candidate.
-        restarts: number of random starting elements in addition to the three deterministic ones.
+        starts: the deterministic starts (see :func:`weight_matching`).
+        restarts: number of random starting elements in addition to the deterministic ones.
         generator: randomness of the layer orders and random starts (``None``: torch's global generator).
     """
     _check_spec(spec)
@@ -353,7 +372,7 @@ def sign_aware_weight_matching(spec: NetSpec, theta_ref: Tensor, theta: Tensor, 
         raise ValueError(f"sign-aware matching needs an odd activation (tanh, sine); {spec} uses {spec.activation}")
     ref, theta = _pair(spec, theta_ref, theta)
     out = _match(spec, [ref], [theta], signs=True, max_iter=max_iter, restarts=restarts, generator=generator,
-                 init=None)
+                 init=None, starts=starts)
     return Alignment(perms=out["perms"], aligned=_act(spec, theta, out["perms"], out["signs"]), signs=out["signs"],
                      objective=out["objective"], converged=out["converged"], sweeps=out["sweeps"],
                      candidates=out["candidates"], hungarian_seconds=out["hungarian_seconds"])
@@ -371,7 +390,7 @@ def variational_matching(spec: NetSpec, mean_ref: Tensor, std_ref: Tensor, mean:
         mean_ref, std_ref: the reference Gaussian(s).
         mean, std: the population of Gaussians ``[B, D]`` to align.
         max_iter: most sweeps over the layers per candidate.
-        restarts: number of random starting permutations in addition to the three deterministic ones.
+        restarts: number of random starting permutations in addition to the deterministic ones.
         generator: randomness of the layer orders and random starts (``None``: torch's global generator).
     """
     _check_spec(spec)
