@@ -440,6 +440,13 @@ class CNNSpec:
 
         ``kaiming``: the ``torch.nn`` default, U(+-1/sqrt(fan_in)) for weights and biases (``fan_in`` counts
         the kernel, ``in * k * k``). ``kaiming_normal``: N(0, 2/fan_in) weights, zero biases.
+
+        Args:
+            n: number of networks.
+            scheme: ``"kaiming"`` or ``"kaiming_normal"``.
+            generator: randomness (``None``: torch's global generator).
+            device: where the population lives (default :func:`wsbook.config.device`).
+            dtype: floating dtype (default :func:`wsbook.config.dtype`).
         """
         if scheme not in ("kaiming", "kaiming_normal"):
             raise ValueError(f"unknown init scheme {scheme!r} for a CNN; use kaiming or kaiming_normal")

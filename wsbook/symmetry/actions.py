@@ -124,7 +124,15 @@ def random_signs(spec: NetSpec, n: int, generator: torch.Generator | None = None
 
 def random_scales(spec: NetSpec, n: int, generator: torch.Generator | None = None,
                   low: float = 0.25, high: float = 4.0, device: torch.device | str | None = None) -> list[Tensor]:
-    """``n`` random positive scalings, log-uniform in ``[low, high]`` (the ReLU scaling group)."""
+    """``n`` random positive scalings, log-uniform in ``[low, high]`` (the ReLU scaling group).
+
+    Args:
+        spec: the architecture.
+        n: number of elements.
+        generator: randomness (``None``: torch's global generator).
+        low, high: range of the factors.
+        device: where the elements live (default CPU).
+    """
     if not 0 < low <= high:
         raise ValueError(f"need 0 < low <= high; got low={low}, high={high}")
     lo, hi = torch.log(torch.tensor(low)), torch.log(torch.tensor(high))
@@ -185,6 +193,12 @@ def scale(spec: NetSpec, theta: Tensor, scales: Element, check: bool = True) -> 
 
     For ReLU any ``s > 0`` keeps the function (positive homogeneity); for tanh and sine only ``s = +-1``
     (odd activations). With ``check`` a scaling that is not a symmetry of ``spec`` raises ``ValueError``.
+
+    Args:
+        spec: the architecture.
+        theta: population ``[B, D]`` (or ``[1, D]``, broadcast over the element's batch).
+        scales: one ``[B, width]`` (or ``[width]``) float tensor per hidden layer.
+        check: refuse scalings that change the function.
     """
     theta, scales = _batch(spec, theta, scales, "scales", dtype=theta.dtype)
     kind = symmetry_spec(spec).scaling

@@ -107,7 +107,18 @@ def gaussian_interpolation_curve(spec: NetSpec, mean_a: Tensor, std_a: Tensor, m
     (Rossi et al., 2023), for classifiers. ``wasserstein``: the 2-Wasserstein geodesic
     ``q_t = N((1-t) mu_a + t mu_b, ((1-t) sigma_a + t sigma_b)^2)`` with common random numbers along the path;
     ``mixture``: ``q_t = (1-t) q_a + t q_b``, whose predictive is the mixture of the end predictives.
-    Returns ``{"lambdas": [T], "loss": [B, T], "accuracy": [B, T]}`` (accuracy of the predictive mean)."""
+    Returns ``{"lambdas": [T], "loss": [B, T], "accuracy": [B, T]}`` (accuracy of the predictive mean).
+
+    Args:
+        spec: the architecture (a classifier).
+        mean_a, std_a, mean_b, std_b: the end-point Gaussians ``[B, D]`` (or ``[1, D]``).
+        x, y: inputs and class labels.
+        path: ``"wasserstein"`` or ``"mixture"``.
+        n_points: number of points ``t`` including both ends.
+        n_samples: Monte Carlo samples per point (common random numbers along the path).
+        generator: randomness of the samples (``None``: torch's global generator).
+        chunk: networks per batched forward pass.
+    """
     if path not in ("wasserstein", "mixture"):
         raise ValueError(f"path must be 'wasserstein' or 'mixture'; got {path!r}")
     ma, mb = _pair(spec, mean_a, mean_b, ("mean_a", "mean_b"))

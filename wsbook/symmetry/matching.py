@@ -413,7 +413,16 @@ def activation_statistics(spec: NetSpec, theta_ref: Tensor, theta: Tensor, x: Te
     """Per hidden layer, the ``[B, w, w]`` similarity of reference neuron ``i`` and neuron ``j`` of each member,
     from post-activations streamed over data batches: ``inner`` = mean of ``h_ref_i h_j``, ``correlation`` =
     Pearson correlation (Li et al., 2016; Ainsworth et al., 2023). For a CNN every pixel of every image is
-    one sample of a channel's activation."""
+    one sample of a channel's activation.
+
+    Args:
+        spec: the architecture.
+        theta_ref: reference network(s).
+        theta: population ``[B, D]``.
+        x: inputs ``[N, ...]``, streamed in batches of ``batch_size``.
+        batch_size: inputs per forward pass.
+        statistic: ``"correlation"`` or ``"inner"``.
+    """
     if statistic not in ("inner", "correlation"):
         raise ValueError(f"statistic must be 'inner' or 'correlation'; got {statistic!r}")
     ref, theta = _pair(spec, theta_ref, theta)
