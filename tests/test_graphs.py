@@ -2,8 +2,9 @@
 import pytest
 import torch
 
-from wsbook.graphs import CNNSpec, FlatMLP, NeuralGraph, WeightSpaceGNN
-from wsbook.nets import MLPSpec
+from wsbook import symmetry
+from wsbook.graphs import FlatMLP, NeuralGraph, WeightSpaceGNN
+from wsbook.nets import CNNSpec, MLPSpec
 
 MLP = MLPSpec((5, 7, 6, 3))
 CNN = CNNSpec(2, (4, 5), kernel_size=3, n_classes=3)
@@ -42,14 +43,26 @@ def test_graph_features_are_the_weights():
 
 
 @pytest.mark.parametrize("spec", [MLP, CNN], ids=["mlp", "cnn"])
-def test_hidden_permutation_is_a_symmetry(spec):
+def test_hidden_permutation_is_a_symmetry_and_relabels_the_graph(spec):
     graph = NeuralGraph(spec)
     theta = _population(spec)
-    perm = graph.random_hidden_permutation(4, torch.Generator().manual_seed(1))
-    permuted = graph.permute_nodes(theta, perm)
+    perms = symmetry.random_permutation(spec, 4, torch.Generator().manual_seed(1))
+    permuted = symmetry.permute(spec, theta, perms)
     assert not torch.allclose(permuted, theta)
     x = torch.randn(9, 5) if spec is MLP else torch.randn(9, 2, 6, 6)
     torch.testing.assert_close(spec.forward(permuted, x), spec.forward(theta, x), atol=1e-5, rtol=1e-5)
+    # the graph of the permuted weights is the old graph with its nodes relabelled by node_permutation
+    nperm = graph.node_permutation(perms)                                   # [4, N]
+    N, E = graph.n_nodes, graph.n_edges
+    old, new = graph.to_graph(theta), graph.to_graph(permuted)
+    torch.testing.assert_close(new.x.view(4, N), old.x.view(4, N).gather(1, nperm))
+    edge_id = torch.full((N, N), -1, dtype=torch.long)
+    edge_id[graph.edge_index[0], graph.edge_index[1]] = torch.arange(E)
+    src, dst = graph.edge_index
+    moved = edge_id[nperm[:, src], nperm[:, dst]]                          # [4, E] old edge of every new edge
+    assert (moved >= 0).all()
+    old_edges = old.edge_attr.view(4, E, -1)
+    torch.testing.assert_close(new.edge_attr.view(4, E, -1), old_edges.gather(1, moved.unsqueeze(2).expand_as(old_edges)))
 
 
 @pytest.mark.parametrize("spec", [MLP, CNN], ids=["mlp", "cnn"])
@@ -58,8 +71,8 @@ def test_gnn_equivariance_and_invariance(spec, layer, attention):
     torch.manual_seed(0)
     graph = NeuralGraph(spec)
     theta = _population(spec)
-    perm = graph.random_hidden_permutation(4, torch.Generator().manual_seed(2))
-    permuted = graph.permute_nodes(theta, perm)
+    perms = symmetry.random_permutation(spec, 4, torch.Generator().manual_seed(2))
+    permuted = symmetry.permute(spec, theta, perms)
     times = torch.rand(4)
     inv = WeightSpaceGNN(graph, layer, dim=16, n_layers=2, head="invariant", out_dim=3, attention=attention, time=True)
     inv.set_normalization(theta)                          # per-role input scales keep the symmetry
@@ -67,7 +80,7 @@ def test_gnn_equivariance_and_invariance(spec, layer, attention):
     equi = WeightSpaceGNN(graph, layer, dim=16, n_layers=2, head="equivariant", attention=attention)
     out = equi(theta)
     assert out.shape == theta.shape
-    torch.testing.assert_close(equi(permuted), graph.permute_nodes(out, perm), atol=1e-5, rtol=0)
+    torch.testing.assert_close(equi(permuted), symmetry.permute(spec, out, perms), atol=1e-5, rtol=0)
     # the equivariant output is not trivially symmetric: it changes when the input changes
     assert not torch.allclose(out, equi(theta + 0.5))
 
@@ -76,23 +89,20 @@ def test_flat_mlp_is_not_invariant():
     """Control: the check above can fail; a plain MLP on flat weights is not permutation invariant."""
     graph = NeuralGraph(MLP)
     theta = _population(MLP)
-    permuted = graph.permute_nodes(theta, graph.random_hidden_permutation(4, torch.Generator().manual_seed(3)))
+    permuted = symmetry.permute(MLP, theta, symmetry.random_permutation(MLP, 4, torch.Generator().manual_seed(3)))
     model = FlatMLP(MLP.n_params, 32)
     assert (model(permuted) - model(theta)).abs().max() > 1e-4
 
 
 def test_sign_canonicalization_makes_sine_encoder_invariant():
     spec = MLPSpec((2, 8, 8, 1), activation="sine")
-    graph = NeuralGraph(spec)
     theta = spec.init(3, "siren", generator=torch.Generator().manual_seed(0), device="cpu")
     theta = theta + 0.1 * torch.randn_like(theta)        # nonzero biases
-    signs = torch.ones(3, graph.n_nodes)
-    signs[:, graph.hidden_mask] = torch.where(torch.rand(3, int(graph.hidden_mask.sum())) < 0.5, -1.0, 1.0)
-    flipped = graph.flip_signs(theta, signs)
+    flipped = symmetry.flip_signs(spec, theta, symmetry.random_signs(spec, 3, torch.Generator().manual_seed(5)))
     x = torch.rand(16, 2)
     torch.testing.assert_close(spec.forward(flipped, x), spec.forward(theta, x), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(flipped, theta)
-    torch.testing.assert_close(graph.sign_canonicalize(flipped), graph.sign_canonicalize(theta))
+    torch.testing.assert_close(symmetry.sign_canonicalize(spec, flipped), symmetry.sign_canonicalize(spec, theta))
     from wsbook.graphs.inr import INREncoder
 
     encoder = INREncoder(spec, dim=16, n_layers=2, latent=8)
@@ -108,12 +118,10 @@ def test_bad_input_raises_clear_errors():
         model(torch.randn(2, 3))
     with pytest.raises(ValueError, match="layer must be"):
         WeightSpaceGNN(MLP, "gcn")
-    with pytest.raises(ValueError, match="perm must be"):
-        graph.permute_nodes(torch.randn(2, MLP.n_params), torch.arange(graph.n_nodes).repeat(3, 1))
-    bad = torch.arange(graph.n_nodes).repeat(1, 1)
-    bad[0, [0, 6]] = bad[0, [6, 0]]                     # swaps an input neuron with a hidden one
-    with pytest.raises(ValueError, match="non-edge"):
-        graph.permute_nodes(torch.randn(1, MLP.n_params), bad)
+    with pytest.raises(ValueError, match="one entry per hidden layer"):
+        graph.node_permutation([torch.arange(7)])
+    with pytest.raises(ValueError, match="hidden layer 1 is not a permutation"):
+        graph.node_permutation([torch.arange(7), torch.zeros(6, dtype=torch.long)])
     with pytest.raises(TypeError, match="MLPSpec or CNNSpec"):
         NeuralGraph((5, 7, 3))
     with pytest.raises(ValueError, match="kernel_size"):
@@ -141,13 +149,16 @@ def test_aligner_scores_follow_permutations_of_the_second_network():
         aligner.scores(a, b[:2])
 
 
-def test_barrier_of_known_curves():
-    from wsbook.graphs.inr import barrier
+def test_orbit_partner_computes_the_same_function():
+    from wsbook.graphs.inr import orbit_partner
 
-    flat = torch.tensor([[1.0, 1.5, 2.0]])             # linear: no barrier
-    bump = torch.tensor([[0.0, 1.0, 0.0]])
-    torch.testing.assert_close(barrier(flat), torch.tensor([0.0]))
-    torch.testing.assert_close(barrier(bump), torch.tensor([1.0]))
+    spec = MLPSpec((2, 8, 8, 1), activation="sine", frequency=3.0)
+    theta = spec.init(4, "siren", generator=torch.Generator().manual_seed(0), device="cpu")
+    partner = orbit_partner(spec, theta, noise=0.0, generator=torch.Generator().manual_seed(1))
+    assert not torch.allclose(partner, theta)
+    assert symmetry.function_difference(spec, theta, partner, torch.rand(32, 2)).max() < 1e-5
+    found = symmetry.sign_aware_weight_matching(spec, theta, partner, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(found.aligned, theta, atol=1e-6, rtol=0)
 
 
 def test_embed_population_preserves_function():

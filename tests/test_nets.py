@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from wsbook import data
-from wsbook.nets import MLPSpec, accuracy, per_member_loss, train_population
+from wsbook.nets import CNNSpec, MLPSpec, NetSpec, accuracy, per_member_loss, train_population
 
 
 @pytest.mark.parametrize("activation", ["relu", "tanh", "sine", "gelu"])
@@ -127,3 +127,58 @@ def test_chunked_steps_equal_whole_batch_steps(loss, name):
     chunked = train_population(spec, theta0, ds.x_train, ds.y_train, steps=5, loss=loss, chunk_size=50)
     torch.testing.assert_close(chunked.theta, whole.theta, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(chunked.loss_history, whole.loss_history, atol=1e-5, rtol=1e-4)
+
+
+# ----------------------------------------------------------- issue 10, item 9: widths are integers
+@pytest.mark.parametrize("widths,error", [((3, 2.5, 2), TypeError), ((3, "4", 2), TypeError), ((3, True, 2), TypeError),
+                                          ((3, 0, 2), ValueError), ((3, -4, 2), ValueError), ("32", TypeError),
+                                          (7, TypeError), ((3, 4.0, 2), TypeError)])
+def test_widths_must_be_positive_integers(widths, error):
+    with pytest.raises(error, match="positive integer"):
+        MLPSpec(widths)
+
+
+def test_integer_like_widths_are_accepted():
+    import numpy as np
+
+    assert MLPSpec((np.int64(3), 4, 2)).widths == (3, 4, 2) == MLPSpec(torch.tensor([3, 4, 2])).widths
+    with pytest.raises(TypeError, match="channels"):
+        CNNSpec(1, (4, 2.5))
+    with pytest.raises(TypeError, match="in_channels"):
+        CNNSpec("1", (4,))
+
+
+# ------------------------------------------------------------------------ the spec protocol
+def test_both_specs_follow_the_protocol():
+    mlp, cnn = MLPSpec((5, 7, 3)), CNNSpec(2, (4, 5), kernel_size=3, n_classes=3)
+    for spec in (mlp, cnn):
+        assert isinstance(spec, NetSpec)
+        theta = spec.init(3, generator=torch.Generator().manual_seed(0), device="cpu")
+        assert theta.shape == (3, spec.n_params) and spec.n_layers == len(spec.widths) - 1
+        torch.testing.assert_close(spec.pack(spec.weights(theta), spec.biases(theta)), theta)
+        assert [tuple(w.shape[1:]) for w in spec.weights(theta)] == [tuple(s) for s in spec.layer_shapes]
+        w_sl, b_sl = spec.slices(spec.n_layers - 1)
+        assert b_sl.stop == spec.n_params
+    assert not isinstance((5, 7, 3), NetSpec)
+
+
+def test_cnn_forward_equals_torch_modules_and_round_trips():
+    g = torch.Generator().manual_seed(1)
+    for act in ("relu", "tanh"):
+        cnn = CNNSpec(2, (4, 5), kernel_size=3, n_classes=3, activation=act)
+        theta = cnn.init(3, generator=g, device="cpu")
+        x = torch.randn(6, 2, 7, 7, generator=g)
+        modules = [cnn.to_module(theta[i]) for i in range(3)]
+        loop = torch.stack([m(x) for m in modules])
+        out, hidden = cnn.forward(theta, x, return_hidden=True)
+        torch.testing.assert_close(out, loop, atol=1e-5, rtol=1e-5)
+        assert [h.shape for h in hidden] == [(3, 6 * 49, 4), (3, 6 * 49, 5)]
+        torch.testing.assert_close(cnn.from_modules(modules), theta)
+    with pytest.raises(ValueError, match="expects"):
+        cnn.from_modules([torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=0), torch.nn.ReLU(),
+                                              torch.nn.Conv2d(4, 5, 3, padding=1), torch.nn.AdaptiveAvgPool2d(1),
+                                              torch.nn.Flatten(), torch.nn.Linear(5, 3))])
+    he = cnn.weights(cnn.init(64, "kaiming_normal", generator=g, device="cpu"))[1]
+    assert abs(he.std().item() / (2 / (4 * 9)) ** 0.5 - 1) < 0.05
+    with pytest.raises(ValueError, match="init scheme"):
+        cnn.init(1, "siren")

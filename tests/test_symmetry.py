@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from wsbook import symmetry as S
-from wsbook.nets import MLPSpec
+from wsbook.nets import CNNSpec, MLPSpec
 
 
 def _gen(seed=0):
@@ -75,11 +75,11 @@ def test_weight_matching_recovers_planted_permutation(widths):
     ref = spec.init(1, generator=g)
     perms = S.random_permutation(spec, 3, g)
     zoo = S.permute(spec, ref, perms) + 1e-4 * torch.randn(3, spec.n_params, generator=g)
-    found, aligned, info = S.weight_matching(spec, ref, zoo, return_info=True)
+    res = S.weight_matching(spec, ref, zoo, generator=g)
     inverse = S.inverse_permutation(perms)
-    for f, inv in zip(found, inverse):
+    for f, inv in zip(res.perms, inverse):
         assert torch.equal(f, inv)
-    assert (aligned - ref).abs().max() < 1e-3 and info["converged"]
+    assert (res.aligned - ref).abs().max() < 1e-3 and bool(res.converged.all())
 
 
 @pytest.mark.parametrize("widths", [(6, 64, 4), (6, 48, 32, 4), (6, 64, 48, 32, 4), (6, 256, 64, 32, 32, 4)])
@@ -90,10 +90,10 @@ def test_activation_matching_recovers_planted_permutation(widths):
     x = torch.randn(512, widths[0], generator=g)
     perms = S.random_permutation(spec, 3, g)
     zoo = S.permute(spec, ref, perms)
-    found, aligned = S.activation_matching(spec, ref, zoo, x, batch_size=100)   # streamed in 6 batches
-    for f, inv in zip(found, S.inverse_permutation(perms)):
+    res = S.activation_matching(spec, ref, zoo, x, batch_size=100)   # streamed in 6 batches
+    for f, inv in zip(res.perms, S.inverse_permutation(perms)):
         assert torch.equal(f, inv)
-    assert (aligned - ref).abs().max() < 1e-6
+    assert (res.aligned - ref).abs().max() < 1e-6 and res.signs is None
 
 
 def test_activation_matching_relu_live_neurons():
@@ -102,7 +102,8 @@ def test_activation_matching_relu_live_neurons():
     ref = spec.init(1, "kaiming_normal", generator=g)
     x = torch.randn(1024, 6, generator=g)
     perms = S.random_permutation(spec, 2, g)
-    found, aligned = S.activation_matching(spec, ref, S.permute(spec, ref, perms), x)
+    res = S.activation_matching(spec, ref, S.permute(spec, ref, perms), x)
+    found, aligned = res.perms, res.aligned
     _, hidden = spec.forward(ref, x, return_hidden=True)
     for f, inv, h in zip(found, S.inverse_permutation(perms), hidden):
         live = h[0].std(0) > 0        # dead ReLUs are indistinguishable by their (zero) activations
@@ -118,13 +119,15 @@ def test_sign_aware_matching_recovers_permutation_and_signs(activation):
     ref = spec.init(1, generator=g)
     perms, signs = S.random_permutation(spec, 4, g), S.random_signs(spec, 4, g)
     zoo = S.flip_signs(spec, S.permute(spec, ref, perms), signs)
-    _, _, aligned = S.sign_aware_weight_matching(spec, ref, zoo)
-    assert (aligned - ref).abs().max() < 1e-6
+    res = S.sign_aware_weight_matching(spec, ref, zoo, generator=g)
+    assert (res.aligned - ref).abs().max() < 1e-6
+    for found_s, found_p, truth_s in zip(res.signs, res.perms, signs):   # new neuron i undoes the flip of old neuron found_p[i]
+        assert torch.equal(found_s, truth_s.gather(1, found_p))
     x = torch.rand(400, 2, generator=g) * 2 - 1
-    _, _, aligned_am = S.activation_matching(spec, ref, zoo, x, signs=True)
+    aligned_am = S.activation_matching(spec, ref, zoo, x, signs=True).aligned
     assert (aligned_am - ref).abs().max() < 1e-6
     # plain weight matching cannot undo the flips
-    assert (S.weight_matching(spec, ref, zoo)[1] - ref).abs().max() > 1e-2
+    assert (S.weight_matching(spec, ref, zoo, generator=g).aligned - ref).abs().max() > 1e-2
 
 
 def test_variational_matching_recovers_permutation_of_means_and_stds():
@@ -132,9 +135,10 @@ def test_variational_matching_recovers_permutation_of_means_and_stds():
     spec = MLPSpec((5, 32, 32, 3))
     mean, std = spec.init(1, generator=g), 0.05 + 0.1 * torch.rand(1, spec.n_params, generator=g)
     perms = S.random_permutation(spec, 2, g)
-    _, m, s = S.variational_matching(spec, mean, std, S.permute(spec, mean, perms), S.permute(spec, std, perms))
-    torch.testing.assert_close(m, mean.expand(2, -1))
-    torch.testing.assert_close(s, std.expand(2, -1))
+    res = S.variational_matching(spec, mean, std, S.permute(spec, mean, perms), S.permute(spec, std, perms),
+                                 generator=g)
+    torch.testing.assert_close(res.mean, mean.expand(2, -1))
+    torch.testing.assert_close(res.std, std.expand(2, -1))
 
 
 def test_sinkhorn_is_doubly_stochastic_and_matching_recovers():
@@ -146,11 +150,12 @@ def test_sinkhorn_is_doubly_stochastic_and_matching_recovers():
     spec = MLPSpec((4, 16, 16, 2))
     ref = spec.init(1, generator=g)
     perms = S.random_permutation(spec, 2, g)
-    found, aligned = S.sinkhorn_matching(spec, ref, S.permute(spec, ref, perms), loss="l2", steps=60, lr=0.1)
-    assert (aligned - ref).abs().max() < 1e-6
+    res = S.sinkhorn_matching(spec, ref, S.permute(spec, ref, perms), loss="l2", steps=60, lr=0.1, generator=g)
+    assert (res.aligned - ref).abs().max() < 1e-6
+    assert [p.shape for p in res.soft] == [(2, 16, 16), (2, 16, 16)]
     # initialised from the right answer, zero steps return it unchanged
-    _, same = S.sinkhorn_matching(spec, ref, S.permute(spec, ref, perms), steps=0,
-                                  init=S.inverse_permutation(perms))
+    same = S.sinkhorn_matching(spec, ref, S.permute(spec, ref, perms), steps=0, init=S.inverse_permutation(perms),
+                               generator=g).aligned
     assert (same - ref).abs().max() < 1e-6
 
 
@@ -237,12 +242,14 @@ def test_batched_zoo_alignment_equals_pair_by_pair():
     g = _gen(14)
     spec = MLPSpec((6, 20, 20, 20, 3))
     ref, zoo = spec.init(1, generator=g), spec.init(5, generator=g)
-    batched, aligned = S.weight_matching(spec, ref, zoo)
+    batched = S.weight_matching(spec, ref, zoo, restarts=2, generator=_gen(99))
+    aligned = batched.aligned
     for i in range(5):
-        single, single_aligned = S.weight_matching(spec, ref, zoo[i:i + 1])
-        for p, q in zip(batched, single):
+        single = S.weight_matching(spec, ref, zoo[i:i + 1], restarts=2, generator=_gen(99))
+        for p, q in zip(batched.perms, single.perms):
             assert torch.equal(p[i:i + 1], q)
-        torch.testing.assert_close(aligned[i:i + 1], single_aligned)
+        torch.testing.assert_close(aligned[i:i + 1], single.aligned)
+        torch.testing.assert_close(batched.objective[i:i + 1], single.objective)
     # alignment never increases the distance to the reference
     assert ((aligned - ref).norm(dim=1) <= (zoo - ref).norm(dim=1) + 1e-5).all()
 
@@ -253,7 +260,8 @@ def test_sinkhorn_data_losses_return_a_true_permutation(loss):
     spec = MLPSpec((4, 12, 12, 3))
     a, b = spec.init(2, generator=g), spec.init(2, generator=g)
     x, y = torch.randn(64, 4, generator=g), torch.randint(0, 3, (64,), generator=g)
-    perms, aligned = S.sinkhorn_matching(spec, a, b, x, y, loss=loss, steps=10)
+    res = S.sinkhorn_matching(spec, a, b, x, y, loss=loss, steps=10, generator=g)
+    perms, aligned = res.perms, res.aligned
     for p in perms:
         assert torch.equal(p.sort(1).values, torch.arange(12).expand(2, 12))
     assert _rel(spec, b, aligned, x) < 1e-5
@@ -285,3 +293,173 @@ def test_invalid_inputs_raise_clear_errors():
     assert S.sphere_blocks(relu, task="regression")[0][-1][0] == "euclidean"
     with pytest.raises(ValueError, match="no per-neuron scaling"):
         S.scale(gelu, gelu.init(1), [torch.ones(1, 8)])
+
+
+# ----------------------------------------------------------- issue 10, item 6: narrow deep networks
+def test_weight_matching_recovers_planted_elements_of_narrow_deep_networks():
+    """Coordinate descent from the identity stopped at wrong local optima here (1 of 16 ReLU copies, 0 of 16
+    sign-flipped tanh copies); the greedy starts recover every member, also with noise."""
+    widths = (2, 5, 14, 3, 26, 8, 4)
+    g = _gen(21)
+    for activation, noise in (("relu", 0.0), ("relu", 0.02), ("tanh", 0.0), ("tanh", 0.02)):
+        spec = MLPSpec(widths, activation=activation)
+        ref = spec.init(1, generator=g, device="cpu")
+        perms = S.random_permutation(spec, 16, g)
+        zoo = S.permute(spec, ref, perms)
+        if activation == "tanh":
+            zoo = S.flip_signs(spec, zoo, S.random_signs(spec, 16, g))
+            res = S.sign_aware_weight_matching(spec, ref, zoo + noise * torch.randn(zoo.shape, generator=g), generator=g)
+        else:
+            res = S.weight_matching(spec, ref, zoo + noise * torch.randn(zoo.shape, generator=g), generator=g)
+        for found, truth in zip(res.perms, S.inverse_permutation(perms)):
+            assert torch.equal(found, truth), (activation, noise)
+        assert res.converged.shape == (16,) and bool(res.converged.all())
+        if noise == 0:
+            assert (res.aligned - ref).abs().max() < 1e-6
+    # the classic start alone (identity) is the failure mode: it stops at wrong fixed points on this network
+    spec = MLPSpec(widths)
+    ref = spec.init(1, generator=g)
+    perms = S.random_permutation(spec, 16, g)
+    classic = S.weight_matching(spec, ref, S.permute(spec, ref, perms), starts=("identity",))
+    exact = torch.stack([(f == t).all(1) for f, t in zip(classic.perms, S.inverse_permutation(perms))]).all(0)
+    assert classic.candidates == 1 and exact.float().mean() < 0.5
+    assert bool(classic.converged[~exact].all())      # converged, yet wrong: a fixed point is only a local optimum
+    with pytest.raises(ValueError, match="starts must be"):
+        S.weight_matching(spec, ref, ref, starts=("sideways",))
+
+
+def test_weight_matching_objective_candidates_and_convergence_flag():
+    g = _gen(22)
+    spec = MLPSpec((4, 9, 23, 5, 17, 3))
+    ref, zoo = spec.init(1, generator=g), spec.init(6, generator=g)
+    res = S.weight_matching(spec, ref, zoo, restarts=3, generator=_gen(1))
+    torch.testing.assert_close(res.objective, (ref * res.aligned).sum(1))
+    assert res.candidates == 6 and res.sweeps >= 1
+    # more candidates can only help: the deterministic ones are a subset of the larger set
+    plain = S.weight_matching(spec, ref, zoo)
+    assert (res.objective >= plain.objective - 1e-5).all() and plain.candidates == 3
+    # without restarts the result is deterministic; the same generator reproduces the random restarts
+    torch.testing.assert_close(S.weight_matching(spec, ref, zoo).aligned, plain.aligned)
+    torch.testing.assert_close(S.weight_matching(spec, ref, zoo, restarts=3, generator=_gen(1)).aligned, res.aligned)
+    # converged means a fixed point was reached, not that the sweep budget ran out
+    stopped = S.weight_matching(spec, ref, zoo, max_iter=0, restarts=3, generator=_gen(1))
+    assert not bool(stopped.converged.any()) and stopped.sweeps == 0
+    # a converged alignment is a fixed point: started there (restarts off), nothing moves
+    again = S.weight_matching(spec, ref, res.aligned, restarts=0)
+    assert bool(again.converged.all()) and (again.objective >= res.objective - 1e-5).all()
+    with pytest.raises(ValueError, match="restarts"):
+        S.weight_matching(spec, ref, zoo, restarts=-1)
+    with pytest.raises(ValueError, match="init for hidden layer 0 is not a permutation"):
+        S.weight_matching(spec, ref, zoo, init=[torch.zeros(9, dtype=torch.long)] + [torch.arange(w) for w in (23, 5, 17)])
+
+
+# ----------------------------------------------------------------- CNNs through the same code
+def test_cnn_alignment_and_canonicalization():
+    g = _gen(23)
+    cnn = CNNSpec(2, (5, 7, 4), kernel_size=3, n_classes=3)
+    ref = cnn.init(1, generator=g, device="cpu")
+    x = torch.randn(6, 2, 8, 8, generator=g)
+    perms = S.random_permutation(cnn, 4, g)
+    moved = S.permute(cnn, ref, perms)
+    assert (moved - ref).abs().max() > 1e-2 and _rel(cnn, ref, moved, x) < 1e-5
+    res = S.weight_matching(cnn, ref, moved, generator=g)
+    for f, inv in zip(res.perms, S.inverse_permutation(perms)):
+        assert torch.equal(f, inv)
+    assert (res.aligned - ref).abs().max() < 1e-6
+    assert (S.activation_matching(cnn, ref, moved, x).aligned - ref).abs().max() < 1e-6
+    hard = [torch.nn.functional.one_hot(p, p.shape[1]).float() for p in perms]
+    torch.testing.assert_close(S.permute_soft(cnn, ref, hard), moved)
+    # positive channel scalings are a symmetry of ReLU CNNs, and canonicalization undoes them with the permutation
+    other = S.scale(cnn, moved, S.random_scales(cnn, 4, g))
+    assert _rel(cnn, ref, other, x) < 1e-5
+    for task in ("regression", "classification"):
+        canon = S.canonicalize(cnn, other, ref, task=task)
+        torch.testing.assert_close(canon, S.canonicalize(cnn, ref, ref, task=task).expand(4, -1), atol=1e-5, rtol=1e-4)
+        if task == "regression":
+            assert _rel(cnn, other, canon, x) < 1e-5
+        else:
+            assert torch.equal(cnn.forward(canon, x).argmax(-1), cnn.forward(other, x).argmax(-1))
+        torch.testing.assert_close(S.from_spheres(cnn, S.to_spheres(cnn, canon, task), task), canon)
+    sorted_ = S.canonicalize(cnn, other, task="regression")
+    torch.testing.assert_close(sorted_, S.canonicalize(cnn, ref, task="regression").expand(4, -1), atol=1e-5, rtol=1e-4)
+    blocks, _ = S.sphere_blocks(cnn)
+    assert blocks == [("sphere", 5, 2 * 9 + 1), ("sphere", 7, 5 * 9 + 1), ("sphere", 4, 7 * 9 + 1), ("sphere", 1, 15)]
+
+
+# ----------------------------------------------------------- issue 10, item 11: invalid elements
+def test_permute_rejects_elements_that_are_not_permutations():
+    spec = MLPSpec((3, 4, 5, 2))
+    theta = spec.init(2, generator=_gen(24))
+    ok = torch.arange(4)
+    for bad, layer in ((torch.zeros(2, 5, dtype=torch.long), 1), (torch.tensor([[0, 1, 2, 3, 5]]), 1),
+                       (torch.tensor([4, 3, 2, 1, 0]).expand(2, -1).clone(), None)):
+        bad_first = layer is None
+        perms = [torch.tensor([0, 0, 1, 2]), torch.arange(5)] if bad_first else [ok, bad]
+        with pytest.raises(ValueError, match=f"hidden layer {0 if bad_first else 1} is not a permutation"):
+            S.permute(spec, theta, perms)
+    with pytest.raises(TypeError, match="integer"):
+        S.permute(spec, theta, [ok.float(), torch.arange(5)])
+
+
+# ---------------------------------------------------------------- the one-layer primitive
+def test_one_layer_action_touches_only_its_tensors():
+    g = _gen(25)
+    spec = MLPSpec((3, 6, 5, 4, 2))
+    theta = spec.init(3, generator=g)
+    work = theta.clone()
+    ptr = work.data_ptr()
+    p, s = torch.rand(3, 5, generator=g).argsort(1), torch.rand(3, 5, generator=g) + 0.5
+    out = S.act_on_layer_(spec, work, 1, perm=p, scale=s)
+    assert out.data_ptr() == ptr                                   # in place, no copy of the population
+    touched = torch.zeros(spec.n_params, dtype=torch.bool)
+    for sl in (*spec.slices(1), spec.slices(2)[0]):
+        touched[sl] = True
+    assert torch.equal(work[:, ~touched], theta[:, ~touched])
+    full = [torch.arange(6).expand(3, 6), p, torch.arange(4).expand(3, 4)]
+    ones = [torch.ones(3, 6), s, torch.ones(3, 4)]
+    torch.testing.assert_close(work, S.scale(spec, S.permute(spec, theta, full), ones))
+    # normalize_neurons and sort_neurons are layer-by-layer compositions of that primitive
+    normed = S.normalize_neurons(spec, theta, "regression")
+    for h, rows in enumerate(spec.weights(normed)[:-1]):
+        norms = torch.cat([rows, spec.biases(normed)[h].unsqueeze(2)], 2).norm(dim=2)
+        torch.testing.assert_close(norms, torch.ones_like(norms))
+    perms, sorted_ = S.sort_neurons(spec, normed)
+    for h in range(3):
+        out_norm = spec.weights(sorted_)[h + 1].norm(dim=1)
+        assert (out_norm[:, :-1] >= out_norm[:, 1:]).all()
+    torch.testing.assert_close(sorted_, S.permute(spec, normed, perms))
+
+
+def test_sign_canonicalize_picks_one_member_of_each_sign_orbit():
+    g = _gen(26)
+    spec = MLPSpec((2, 8, 8, 1), activation="sine", frequency=3.0)
+    theta = spec.init(3, generator=g) + 0.1 * torch.randn(3, spec.n_params, generator=g)
+    flipped = S.flip_signs(spec, theta, S.random_signs(spec, 3, g))
+    assert not torch.allclose(flipped, theta)
+    torch.testing.assert_close(S.sign_canonicalize(spec, flipped), S.sign_canonicalize(spec, theta))
+    x = torch.rand(16, 2, generator=g)
+    assert _rel(spec, theta, S.sign_canonicalize(spec, theta), x) < 1e-5
+    assert all((b >= 0).all() for b in spec.biases(S.sign_canonicalize(spec, theta))[:-1])
+    with pytest.raises(ValueError, match="odd activations"):
+        S.sign_canonicalize(MLPSpec((2, 4, 1)), MLPSpec((2, 4, 1)).init(1))
+
+
+# ------------------------------------------------------------------ one barrier implementation
+def test_interpolation_curve_with_per_pair_targets():
+    g = _gen(27)
+    spec = MLPSpec((2, 8, 1), activation="tanh")
+    a, b = spec.init(3, generator=g), spec.init(3, generator=g)
+    x, y = torch.rand(10, 2, generator=g), torch.rand(3, 10, 1, generator=g)     # one target image per pair
+    curve = S.interpolation_curve(spec, a, b, x, y, n_points=5, task="regression", chunk=4)
+    for t, lam in enumerate(curve["lambdas"]):
+        direct = ((spec.forward((1 - lam) * a + lam * b, x) - y) ** 2).mean((1, 2))
+        torch.testing.assert_close(curve["loss"][:, t], direct)
+    assert "accuracy" not in curve and S.barrier(curve).shape == (3,)
+    labels = torch.randint(0, 3, (2, 10), generator=g)
+    clf = MLPSpec((2, 8, 3))
+    c = S.interpolation_curve(clf, clf.init(2, generator=g), clf.init(2, generator=g), x, labels, n_points=3)
+    assert c["accuracy"].shape == (2, 3)
+    with pytest.raises(ValueError, match="task must be one of"):
+        S.connectivity(spec, a, b, x, y, task="mse")
+    with pytest.raises(ValueError, match="one entry per pair"):
+        S.interpolation_curve(spec, a, b, x, y[:2], task="regression")

@@ -1,15 +1,22 @@
-"""Populations of MLPs: a spec, a flat ``[B, D]`` tensor, and a batched forward pass.
+"""Populations of networks: a spec, a flat ``[B, D]`` tensor, and a batched forward pass.
 
 A *population* is ``theta`` of shape ``[B, D]``: ``B`` networks with ``D`` parameters each, laid out
-layer by layer as ``weight [out, in]`` (row-major) followed by ``bias [out]`` -- the same order as
-``torch.nn.Linear`` parameters, so ``from_modules`` is a plain flatten. Views of the layers are zero-copy.
+layer by layer as ``weight [out, in, ...]`` (row-major) followed by ``bias [out]`` -- the same order as
+``torch.nn`` parameters, so ``from_modules`` is a plain flatten. Views of the layers are zero-copy.
+
+Two architectures follow one protocol, :class:`NetSpec`: :class:`MLPSpec` (fully connected) and
+:class:`CNNSpec` (convolutions, global average pooling, a linear head). Code written against the
+protocol (the symmetry group actions, alignment, canonicalization, neural graphs) works for both.
+See chapter 1 ("A population is a tensor") and chapter 6 ("Neural graphs from MLPs and CNNs").
 """
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -17,6 +24,35 @@ from torch import Tensor, nn
 from wsbook import config
 
 ACTIVATIONS = ("relu", "tanh", "sine", "gelu")
+
+#: the task kinds of the whole library (one vocabulary in nets, symmetry, bayes and data)
+TASKS = ("classification", "regression")
+#: the per-member loss of each task kind (:func:`per_member_loss`)
+TASK_LOSS = {"classification": "cross_entropy", "regression": "mse"}
+
+
+def check_task(task: str) -> str:
+    """Validate a task kind (``"classification"`` or ``"regression"``) and return it."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}; got {task!r}")
+    return task
+
+
+def _positive_int(value: object, what: str) -> int:
+    """``value`` as an ``int`` if it is a positive integer (a bool is not); a clear error otherwise."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
+        raise TypeError(f"{what} must be a positive integer; got {value!r} ({type(value).__name__})")
+    if int(value) < 1:
+        raise ValueError(f"{what} must be a positive integer; got {value!r}")
+    return int(value)
+
+
+def _int_tuple(values: object, what: str) -> tuple[int, ...]:
+    """A sequence of positive integers as a tuple (a string or a single number is rejected)."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray, Tensor)):
+        raise TypeError(f"{what} must be a sequence of positive integers; got {values!r}")
+    items = values.tolist() if isinstance(values, (np.ndarray, Tensor)) else list(values)
+    return tuple(_positive_int(v, f"{what}[{k}]") for k, v in enumerate(items))
 
 
 class Sine(nn.Module):
@@ -44,6 +80,69 @@ def check_population(theta: Tensor, n_params: int, spec: object, name: str = "th
     return theta
 
 
+@runtime_checkable
+class NetSpec(Protocol):
+    """The spec protocol: what :class:`MLPSpec` and :class:`CNNSpec` (and any new architecture) provide.
+
+    A spec is an immutable description of one architecture. It knows the flat layout of one network's
+    parameters (``n_params``, ``layer_shapes``, ``slices``), gives zero-copy per-layer views of a population
+    ``[B, D]`` (``weights`` ``[B, out, in, ...]``, ``biases`` ``[B, out]``) and packs them back, draws
+    populations (``init``), evaluates all members at once (``forward``), and converts to and from plain
+    ``torch.nn`` modules. ``widths`` lists the nodes per layer (input features or channels, hidden neurons or
+    channels, outputs); every hidden layer carries a permutation symmetry (:mod:`wsbook.symmetry`).
+    """
+
+    activation: str
+    bias: bool
+
+    @property
+    def widths(self) -> tuple[int, ...]: ...
+
+    @property
+    def n_layers(self) -> int: ...
+
+    @property
+    def n_params(self) -> int: ...
+
+    @property
+    def layer_shapes(self) -> list[tuple[int, ...]]: ...
+
+    def slices(self, layer: int) -> tuple[slice, slice | None]: ...
+
+    def check(self, theta: Tensor, name: str = "theta") -> Tensor: ...
+
+    def weights(self, theta: Tensor) -> list[Tensor]: ...
+
+    def biases(self, theta: Tensor) -> list[Tensor | None]: ...
+
+    def pack(self, weights: Sequence[Tensor], biases: Sequence[Tensor | None] | None = None) -> Tensor: ...
+
+    def init(self, n: int, scheme: str = "kaiming", generator: torch.Generator | None = None,
+             device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Tensor: ...
+
+    def forward(self, theta: Tensor, x: Tensor, return_hidden: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]: ...
+
+    def to_module(self, theta: Tensor) -> nn.Sequential: ...
+
+    def from_modules(self, modules: Sequence[nn.Module]) -> Tensor: ...
+
+
+def _pack(spec: NetSpec, weights: Sequence[Tensor], biases: Sequence[Tensor | None] | None) -> Tensor:
+    """Concatenate per-layer ``[B, out, in, ...]`` weights and ``[B, out]`` biases into ``[B, D]``."""
+    if len(weights) != spec.n_layers:
+        raise ValueError(f"expected {spec.n_layers} weight tensors, got {len(weights)}")
+    parts = []
+    for layer, (w, shape) in enumerate(zip(weights, spec.layer_shapes)):
+        if tuple(w.shape[1:]) != tuple(shape):
+            raise ValueError(f"layer {layer} weight must be [B, {', '.join(map(str, shape))}]; got {tuple(w.shape)}")
+        parts.append(w.reshape(w.shape[0], -1))
+        if spec.bias:
+            if biases is None or biases[layer] is None:
+                raise ValueError(f"spec has biases but none given for layer {layer}")
+            parts.append(biases[layer].reshape(w.shape[0], -1))
+    return torch.cat(parts, dim=1)
+
+
 @dataclass(frozen=True)
 class MLPSpec:
     """A fully connected network ``widths[0] -> ... -> widths[-1]`` with one activation between layers.
@@ -58,9 +157,11 @@ class MLPSpec:
     _offsets: tuple[tuple[int, int, int], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        widths = tuple(int(w) for w in self.widths)
-        if len(widths) < 2 or any(w < 1 for w in widths):
+        widths = _int_tuple(self.widths, "MLPSpec widths")
+        if len(widths) < 2:
             raise ValueError(f"MLPSpec needs at least two positive widths (input, output); got {self.widths!r}")
+        if not isinstance(self.bias, (bool, np.bool_)):
+            raise TypeError(f"bias must be True or False; got {self.bias!r}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}; got {self.activation!r}")
         object.__setattr__(self, "widths", widths)
@@ -113,18 +214,7 @@ class MLPSpec:
 
     def pack(self, weights: Sequence[Tensor], biases: Sequence[Tensor | None] | None = None) -> Tensor:
         """Inverse of :meth:`weights` / :meth:`biases`: concatenate per-layer tensors into ``[B, D]``."""
-        if len(weights) != self.n_layers:
-            raise ValueError(f"expected {self.n_layers} weight tensors, got {len(weights)}")
-        parts = []
-        for layer, (w, shape) in enumerate(zip(weights, self.layer_shapes)):
-            if tuple(w.shape[-2:]) != shape:
-                raise ValueError(f"layer {layer} weight must end in {shape}; got {tuple(w.shape)}")
-            parts.append(w.reshape(w.shape[0], -1))
-            if self.bias:
-                if biases is None or biases[layer] is None:
-                    raise ValueError(f"spec has biases but none given for layer {layer}")
-                parts.append(biases[layer].reshape(w.shape[0], -1))
-        return torch.cat(parts, dim=1)
+        return _pack(self, weights, biases)
 
     # ---------------------------------------------------------------- forward
     def act(self, z: Tensor) -> Tensor:
@@ -254,13 +344,204 @@ class MLPSpec:
         return torch.stack(rows)
 
 
+# ---------------------------------------------------------------------- CNNs
+@dataclass(frozen=True)
+class CNNSpec:
+    """Convolutions ``in_channels -> channels[0] -> ... -> channels[-1]``, global average pooling, linear head.
+
+    Each convolution has stride 1 and same padding (``kernel_size`` odd) and is followed by ``activation``.
+    The flat layout is layer by layer ``weight`` then ``bias`` in ``torch.nn`` order (``Conv2d`` weights
+    ``[out, in, k, k]``, then the ``Linear`` head ``[n_classes, channels[-1]]``), so a population is ``[B, D]``.
+    Hidden channels carry the same symmetries as hidden neurons of an MLP: permuting the filters of one
+    convolution and the input channels of the next leaves the function unchanged, and so does a positive
+    per-channel scaling for ReLU (pooling and convolution are linear). See chapter 6, "Neural graphs from
+    MLPs and CNNs".
+    """
+
+    in_channels: int
+    channels: tuple[int, ...]
+    kernel_size: int = 3
+    n_classes: int = 10
+    activation: str = "relu"
+    _offsets: tuple[tuple[int, int, int], ...] = field(init=False, repr=False, compare=False)
+
+    #: convolutions and the head always have biases
+    bias = True
+
+    def __post_init__(self) -> None:
+        in_channels = _positive_int(self.in_channels, "CNNSpec in_channels")
+        channels = _int_tuple(self.channels, "CNNSpec channels")
+        if not channels:
+            raise ValueError(f"CNNSpec needs at least one convolution; got channels={self.channels!r}")
+        n_classes = _positive_int(self.n_classes, "CNNSpec n_classes")
+        kernel_size = _positive_int(self.kernel_size, "CNNSpec kernel_size")
+        if kernel_size % 2 == 0:
+            raise ValueError(f"kernel_size must be a positive odd integer (same padding); got {self.kernel_size}")
+        if self.activation not in ("relu", "tanh"):
+            raise ValueError(f"activation must be 'relu' or 'tanh'; got {self.activation!r}")
+        for name, value in (("in_channels", in_channels), ("channels", channels), ("n_classes", n_classes),
+                            ("kernel_size", kernel_size)):
+            object.__setattr__(self, name, value)
+        offsets, start = [], 0
+        for shape in self.layer_shapes:
+            w_end = start + math.prod(shape)
+            offsets.append((start, w_end, w_end + shape[0]))
+            start = w_end + shape[0]
+        object.__setattr__(self, "_offsets", tuple(offsets))
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """Nodes per layer of the neural graph: input channels, hidden channels, classes."""
+        return (self.in_channels, *self.channels, self.n_classes)
+
+    @property
+    def n_layers(self) -> int:
+        """Number of layers with weights (convolutions and the head)."""
+        return len(self.channels) + 1
+
+    @property
+    def layer_shapes(self) -> list[tuple[int, ...]]:
+        """Weight shapes: ``(out, in, k, k)`` for convolutions, ``(n_classes, channels[-1])`` for the head."""
+        k, dims = self.kernel_size, (self.in_channels, *self.channels)
+        convs = [(o, i, k, k) for i, o in zip(dims[:-1], dims[1:])]
+        return [*convs, (self.n_classes, dims[-1])]
+
+    @property
+    def n_params(self) -> int:
+        """``D``, the length of one network's flat parameter vector."""
+        return self._offsets[-1][2]
+
+    def slices(self, layer: int) -> tuple[slice, slice]:
+        """Slices of the flat vector holding layer ``layer``'s weight and bias."""
+        start, w_end, b_end = self._offsets[layer]
+        return slice(start, w_end), slice(w_end, b_end)
+
+    def check(self, theta: Tensor, name: str = "theta") -> Tensor:
+        """Validate a population and return it as ``[B, D]``."""
+        return check_population(theta, self.n_params, self, name)
+
+    def weights(self, theta: Tensor) -> list[Tensor]:
+        """Per-layer weight views ``[B, out, in, k, k]`` (convolutions) and ``[B, n_classes, in]`` (head)."""
+        theta = self.check(theta)
+        return [theta[:, self.slices(l)[0]].reshape(theta.shape[0], *s) for l, s in enumerate(self.layer_shapes)]
+
+    def biases(self, theta: Tensor) -> list[Tensor]:
+        """Per-layer bias views ``[B, out]``."""
+        theta = self.check(theta)
+        return [theta[:, self.slices(l)[1]] for l in range(self.n_layers)]
+
+    def pack(self, weights: Sequence[Tensor], biases: Sequence[Tensor | None] | None = None) -> Tensor:
+        """Inverse of :meth:`weights` / :meth:`biases`: concatenate per-layer tensors into ``[B, D]``."""
+        return _pack(self, weights, biases)
+
+    def init(self, n: int, scheme: str = "kaiming", generator: torch.Generator | None = None,
+             device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Tensor:
+        """Draw ``n`` networks ``[n, D]``.
+
+        ``kaiming``: the ``torch.nn`` default, U(+-1/sqrt(fan_in)) for weights and biases (``fan_in`` counts
+        the kernel, ``in * k * k``). ``kaiming_normal``: N(0, 2/fan_in) weights, zero biases.
+
+        Args:
+            n: number of networks.
+            scheme: ``"kaiming"`` or ``"kaiming_normal"``.
+            generator: randomness (``None``: torch's global generator).
+            device: where the population lives (default :func:`wsbook.config.device`).
+            dtype: floating dtype (default :func:`wsbook.config.dtype`).
+        """
+        if scheme not in ("kaiming", "kaiming_normal"):
+            raise ValueError(f"unknown init scheme {scheme!r} for a CNN; use kaiming or kaiming_normal")
+        dtype = dtype or config.dtype()
+        theta = torch.zeros(n, self.n_params, dtype=dtype)
+        for layer, shape in enumerate(self.layer_shapes):
+            fan_in = math.prod(shape[1:])
+            w_slice, b_slice = self.slices(layer)
+            if scheme == "kaiming_normal":
+                theta[:, w_slice] = torch.randn(n, w_slice.stop - w_slice.start, generator=generator,
+                                                dtype=dtype) * math.sqrt(2.0 / fan_in)
+                continue
+            for sl in (w_slice, b_slice):
+                theta[:, sl] = (torch.rand(n, sl.stop - sl.start, generator=generator, dtype=dtype) * 2 - 1) \
+                    * fan_in ** -0.5
+        return theta.to(device or config.device())
+
+    def act(self, z: Tensor) -> Tensor:
+        """The hidden activation applied elementwise."""
+        return torch.relu(z) if self.activation == "relu" else torch.tanh(z)
+
+    def forward(self, theta: Tensor, x: Tensor, return_hidden: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """All ``B`` networks on shared images ``x [N, C, H, W]`` -> logits ``[B, N, n_classes]``.
+
+        Batched with grouped convolutions: the ``B`` networks become ``B`` groups of one convolution. With
+        ``return_hidden`` each convolution's post-activations come back too, as ``[B, N * H * W, channels]``
+        (every pixel of every image is one sample of the channel's activation, the layout
+        :func:`wsbook.symmetry.activation_statistics` reads).
+        """
+        theta = self.check(theta)
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f"x must be [N, {self.in_channels}, H, W]; got {tuple(x.shape)}")
+        B, N = theta.shape[0], x.shape[0]
+        ws, bs = self.weights(theta), self.biases(theta)
+        h = x.repeat(1, B, 1, 1)                                   # [N, B*C, H, W]
+        hidden = []
+        for w, b in zip(ws[:-1], bs[:-1]):
+            h = F.conv2d(h, w.reshape(-1, *w.shape[2:]), b.reshape(-1), padding=self.kernel_size // 2, groups=B)
+            h = self.act(h)
+            if return_hidden:
+                c = h.shape[1] // B                                # [N, B*c, H, W] -> [B, N*H*W, c]
+                hidden.append(h.view(N, B, c, *h.shape[2:]).permute(1, 0, 3, 4, 2).reshape(B, -1, c))
+        pooled = h.mean((2, 3)).view(N, B, -1).transpose(0, 1)     # [B, N, C_last]
+        out = torch.baddbmm(bs[-1].unsqueeze(1), pooled, ws[-1].transpose(1, 2))
+        return (out, hidden) if return_hidden else out
+
+    __call__ = forward
+
+    def to_module(self, theta: Tensor) -> nn.Sequential:
+        """One network (``[D]`` or ``[1, D]``) as ``Conv2d, act, ..., AdaptiveAvgPool2d(1), Flatten, Linear``."""
+        theta = self.check(theta.detach())
+        if theta.shape[0] != 1:
+            raise ValueError(f"to_module takes one network; got a population of {theta.shape[0]}")
+        ws, bs = self.weights(theta), self.biases(theta)
+        layers: list[nn.Module] = []
+        kw = dict(device=theta.device, dtype=theta.dtype)
+        for w, b in zip(ws[:-1], bs[:-1]):
+            conv = nn.Conv2d(w.shape[2], w.shape[1], self.kernel_size, padding=self.kernel_size // 2, **kw)
+            with torch.no_grad():
+                conv.weight.copy_(w[0])
+                conv.bias.copy_(b[0])
+            layers += [conv, nn.ReLU() if self.activation == "relu" else nn.Tanh()]
+        head = nn.Linear(ws[-1].shape[2], self.n_classes, **kw)
+        with torch.no_grad():
+            head.weight.copy_(ws[-1][0])
+            head.bias.copy_(bs[-1][0])
+        return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), head)
+
+    def from_modules(self, modules: Sequence[nn.Module]) -> Tensor:
+        """Stack ``nn.Sequential`` CNNs (``Conv2d`` layers with stride 1 and same padding, then one ``Linear``
+        head after global average pooling) into a population ``[B, D]``."""
+        rows = []
+        for k, module in enumerate(modules):
+            layers = [m for m in module.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+            shapes = [tuple(m.weight.shape) for m in layers]
+            convs_ok = all(isinstance(m, nn.Conv2d) and m.stride == (1, 1) and m.padding == (self.kernel_size // 2,) * 2
+                           and m.dilation == (1, 1) and m.groups == 1 for m in layers[:-1])
+            if shapes != [tuple(s) for s in self.layer_shapes] or not convs_ok or not isinstance(layers[-1], nn.Linear) \
+                    or any(m.bias is None for m in layers):
+                raise ValueError(f"module {k} has layers {shapes} (convolutions with stride 1, padding "
+                                 f"{self.kernel_size // 2} and biases: {convs_ok}); {self} expects {self.layer_shapes}")
+            rows.append(torch.cat([p.detach().reshape(-1) for m in layers for p in (m.weight, m.bias)]))
+        if not rows:
+            raise ValueError("from_modules needs at least one module")
+        return torch.stack(rows)
+
+
 # ------------------------------------------------------------------ training
 LOSSES = ("cross_entropy", "mse")
 
 
-def per_member_loss(spec: MLPSpec, theta: Tensor, x: Tensor, y: Tensor, loss: str = "cross_entropy") -> Tensor:
-    """Mean loss of every member on its batch: ``[B]``. ``x`` is ``[N, in]`` or ``[B, N, in]``, ``y`` matches."""
-    out = spec.forward(theta, x)
+def output_loss(out: Tensor, y: Tensor, loss: str = "cross_entropy") -> Tensor:
+    """Mean loss ``[B]`` of every member's outputs ``out [B, N, out]`` against targets ``y``: class labels ``[N]``
+    (shared) or ``[B, N]`` for ``cross_entropy``; values ``[N]`` / ``[N, out]`` (shared) or ``[B, N, out]`` for
+    ``mse``."""
     B, N = out.shape[0], out.shape[1]
     if loss == "cross_entropy":
         target = y.expand(B, N) if y.dim() == 1 else y
@@ -272,7 +553,13 @@ def per_member_loss(spec: MLPSpec, theta: Tensor, x: Tensor, y: Tensor, loss: st
     raise ValueError(f"unknown loss {loss!r}; use one of {LOSSES}")
 
 
-def accuracy(spec: MLPSpec, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+def per_member_loss(spec: NetSpec, theta: Tensor, x: Tensor, y: Tensor, loss: str = "cross_entropy") -> Tensor:
+    """Mean loss of every member on its batch: ``[B]``. ``x`` is ``[N, in]`` or ``[B, N, in]``, ``y`` matches
+    (see :func:`output_loss`)."""
+    return output_loss(spec.forward(theta, x), y, loss)
+
+
+def accuracy(spec: NetSpec, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
     """Per-member classification accuracy ``[B]``."""
     with torch.no_grad():
         return (spec.forward(theta, x).argmax(-1) == y).float().mean(-1)
@@ -352,7 +639,7 @@ def train_population(
     history = torch.empty(steps, B, device=param.device)
     checkpoints, checkpoint_steps = [], []
     use_batches = batch_size is not None and batch_size < N
-    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    gen = generator      # None: torch's global generator (seeded by wsbook.seed_everything)
     from tqdm.auto import trange
 
     show = config.progress_enabled() if progress is None else progress

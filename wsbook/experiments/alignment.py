@@ -34,7 +34,7 @@ def _timed(fn, *args, **kwargs):
 
 def compare_alignments(spec: MLPSpec, theta_a: Tensor, theta_b: Tensor, x_fit: Tensor, y_fit: Tensor,
                        x_eval: Tensor, y_eval: Tensor, *, methods: Sequence[str] = ALIGNMENT_METHODS,
-                       sinkhorn_steps: int = 100, n_points: int = 25, loss: str = "cross_entropy",
+                       sinkhorn_steps: int = 100, n_points: int = 25, task: str = "classification",
                        generator: torch.Generator | None = None) -> dict[str, dict]:
     """Align every ``theta_b[i]`` to ``theta_a[i]`` with each method (all pairs in one batch) and measure the
     barrier and AUC of the interpolation loss on ``(x_eval, y_eval)`` and the wall time per pair
@@ -71,22 +71,23 @@ def compare_alignments(spec: MLPSpec, theta_a: Tensor, theta_b: Tensor, x_fit: T
         if m == "naive":
             aligned[m], seconds[m] = theta_b, 0.0
         elif m == "weight_matching" or (m == "wm_sinkhorn" and wm is None):
-            (wm, out), t = _timed(weight_matching, spec, theta_a, theta_b, generator=gen)
-            aligned["weight_matching"], seconds["weight_matching"] = out, t
+            res, t = _timed(weight_matching, spec, theta_a, theta_b, generator=gen)
+            wm, aligned["weight_matching"], seconds["weight_matching"] = res.perms, res.aligned, t
         if m == "activation_matching":
-            (_, aligned[m]), seconds[m] = _timed(activation_matching, spec, theta_a, theta_b, x_fit)
+            res, seconds[m] = _timed(activation_matching, spec, theta_a, theta_b, x_fit)
+            aligned[m] = res.aligned
         elif m.startswith("sinkhorn_"):
-            (_, aligned[m]), seconds[m] = _timed(sinkhorn_matching, spec, theta_a, theta_b, x_fit, y_fit,
-                                                 loss=m.split("_")[1], steps=sinkhorn_steps, task_loss=loss,
-                                                 generator=gen)
+            res, seconds[m] = _timed(sinkhorn_matching, spec, theta_a, theta_b, x_fit, y_fit,
+                                     loss=m.split("_")[1], steps=sinkhorn_steps, task=task, generator=gen)
+            aligned[m] = res.aligned
         elif m == "wm_sinkhorn":
-            (_, aligned[m]), t = _timed(sinkhorn_matching, spec, theta_a, theta_b, x_fit, y_fit, loss="midpoint",
-                                        steps=sinkhorn_steps, init=wm, init_strength=1.0, task_loss=loss,
-                                        generator=gen)
+            res, t = _timed(sinkhorn_matching, spec, theta_a, theta_b, x_fit, y_fit, loss="midpoint",
+                            steps=sinkhorn_steps, init=wm, init_strength=1.0, task=task, generator=gen)
+            aligned[m] = res.aligned
             seconds[m] = t + seconds["weight_matching"]
     out = {}
     for m in methods:
-        res = connectivity(spec, theta_a, aligned[m], x_eval, y_eval, n_points=n_points, loss=loss)
+        res = connectivity(spec, theta_a, aligned[m], x_eval, y_eval, n_points=n_points, task=task)
         out[m] = {**res, "seconds_per_pair": seconds[m] / B, "aligned": aligned[m]}
     return out
 
@@ -112,12 +113,13 @@ def width_sweep(widths: Sequence[int], *, dataset: str = "digits", depth: int = 
     """
     ds = data.load(dataset)
     rows = {"naive": [], "weight_matching": [], "activation_matching": []}
+    gen = torch.Generator().manual_seed(seed)
     for w in widths:  # a loop over architectures, not over networks
         spec = MLPSpec((ds.x_train.shape[1],) + (int(w),) * depth + (ds.n_classes,))
         zoo = train_zoo(spec, dataset, 2 * n_pairs, steps=steps, lr=lr, seed=seed)
         a, b = zoo[:n_pairs], zoo[n_pairs:]
-        cands = {"naive": b, "weight_matching": weight_matching(spec, a, b)[1],
-                 "activation_matching": activation_matching(spec, a, b, ds.x_train)[1]}
+        cands = {"naive": b, "weight_matching": weight_matching(spec, a, b, generator=gen).aligned,
+                 "activation_matching": activation_matching(spec, a, b, ds.x_train).aligned}
         for name, cand in cands.items():
             rows[name].append(connectivity(spec, a, cand, ds.x_test, ds.y_test)["barrier"])
     return {"widths": torch.tensor(list(widths)), **{k: torch.stack(v) for k, v in rows.items()}}
@@ -145,7 +147,8 @@ def variational_barriers(spec: MLPSpec, mean: Tensor, std: Tensor, x: Tensor, y:
     """
     n = mean.shape[0] // 2
     ma, sa, mb, sb = mean[:n], std[:n], mean[n:2 * n], std[n:2 * n]
-    _, mb_al, sb_al = variational_matching(spec, ma, sa, mb, sb)
+    matched = variational_matching(spec, ma, sa, mb, sb, generator=torch.Generator().manual_seed(seed))
+    mb_al, sb_al = matched.mean, matched.std
     out = {}
     for name, (m2, s2, path) in {"naive": (mb, sb, "wasserstein"), "aligned": (mb_al, sb_al, "wasserstein"),
                                  "mixture": (mb, sb, "mixture")}.items():
@@ -170,11 +173,13 @@ def inr_paths(spec: MLPSpec, nets: dict[str, Tensor], *, n_grid: int = 32, n_poi
     """
     x, y = shape_sdf(n_grid)
     a = nets["a"]
-    cands = {"same": nets["same"], "diff": nets["diff"], "diff_weight_matching": weight_matching(spec, a, nets["diff"])[1],
-             "diff_activation_matching": activation_matching(spec, a, nets["diff"], x)[1]}
+    gen = torch.Generator().manual_seed(0)
+    cands = {"same": nets["same"], "diff": nets["diff"],
+             "diff_weight_matching": weight_matching(spec, a, nets["diff"], generator=gen).aligned,
+             "diff_activation_matching": activation_matching(spec, a, nets["diff"], x).aligned}
     if spec.activation in ("sine", "tanh"):   # odd activations: permutations and sign flips together
-        cands["diff_sign_aware"] = sign_aware_weight_matching(spec, a, nets["diff"])[2]
-    return {k: connectivity(spec, a, v, x, y, n_points=n_points, loss="mse") for k, v in cands.items()}
+        cands["diff_sign_aware"] = sign_aware_weight_matching(spec, a, nets["diff"], generator=gen).aligned
+    return {k: connectivity(spec, a, v, x, y, n_points=n_points, task="regression") for k, v in cands.items()}
 
 
 def canonical_distances(spec: MLPSpec, zoo: Tensor, x: Tensor) -> dict[str, Tensor]:
@@ -192,8 +197,9 @@ def canonical_distances(spec: MLPSpec, zoo: Tensor, x: Tensor) -> dict[str, Tens
     """
     ref = zoo[:1]
     normalized = normalize_neurons(spec, zoo)
-    canonical = canonicalize(spec, zoo, ref)
-    exact = canonicalize(spec, zoo, ref, task="regression")
+    canonical = canonicalize(spec, zoo, ref, generator=torch.Generator().manual_seed(0))
+    exact = canonicalize(spec, zoo, ref, task="regression", generator=torch.Generator().manual_seed(0))
+
     with torch.no_grad():
         same_labels = (spec.forward(canonical, x).argmax(-1) == spec.forward(zoo, x).argmax(-1)).float().mean(1)
     return {"normalized": normalized, "canonical": canonical,
@@ -236,16 +242,18 @@ def compare_learned_alignment(aligner: LearnedAligner, theta_a: Tensor, theta_b:
         return out, (time.perf_counter() - start) / n
 
     aligned, seconds = {"naive": theta_b}, {"naive": 0.0}
-    (wm_perms, aligned["weight_matching"]), seconds["weight_matching"] = timed(
-        lambda: weight_matching(spec, theta_a, theta_b, generator=gen()))
-    (_, aligned["sinkhorn"]), seconds["sinkhorn"] = timed(
-        lambda: sinkhorn_matching(spec, theta_a, theta_b, x_fit, y_fit, loss="random", steps=sinkhorn_steps, generator=gen()))
+    wm, seconds["weight_matching"] = timed(lambda: weight_matching(spec, theta_a, theta_b, generator=gen()))
+    aligned["weight_matching"] = wm.aligned
+    sk, seconds["sinkhorn"] = timed(lambda: sinkhorn_matching(
+        spec, theta_a, theta_b, x_fit, y_fit, loss="random", steps=sinkhorn_steps, generator=gen()))
+    aligned["sinkhorn"] = sk.aligned
     (learned_perms, aligned["learned"]), seconds["learned"] = timed(lambda: aligner.align(theta_a, theta_b))
-    (_, aligned["wm_sinkhorn"]), t = timed(lambda: sinkhorn_matching(
-        spec, theta_a, theta_b, x_fit, y_fit, loss="random", steps=sinkhorn_steps, init=wm_perms, generator=gen()))
-    seconds["wm_sinkhorn"] = seconds["weight_matching"] + t
-    (_, aligned["learned_sinkhorn"]), t = timed(lambda: sinkhorn_matching(
+    wm_sk, t = timed(lambda: sinkhorn_matching(
+        spec, theta_a, theta_b, x_fit, y_fit, loss="random", steps=sinkhorn_steps, init=wm.perms, generator=gen()))
+    aligned["wm_sinkhorn"], seconds["wm_sinkhorn"] = wm_sk.aligned, seconds["weight_matching"] + t
+    learned_sk, t = timed(lambda: sinkhorn_matching(
         spec, theta_a, theta_b, x_fit, y_fit, loss="random", steps=sinkhorn_steps, init=learned_perms, generator=gen()))
+    aligned["learned_sinkhorn"] = learned_sk.aligned
     seconds["learned_sinkhorn"] = seconds["learned"] + t
     out = {}
     for name, theta in aligned.items():

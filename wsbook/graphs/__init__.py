@@ -1,6 +1,6 @@
 """Weight-space learning on neural graphs (Kofinas et al., 2024; thesis ``000`` ch. 5).
 
-* :class:`NeuralGraph` turns a spec (:class:`~wsbook.nets.MLPSpec` or :class:`CNNSpec`) into a graph
+* :class:`NeuralGraph` turns a spec (:class:`~wsbook.nets.MLPSpec` or :class:`~wsbook.nets.CNNSpec`) into a graph
   structure once; populations ``[B, D]`` become batched graphs by gathering and come back by scattering.
   :class:`GraphBatch` batches graphs of one spec or, with ``from_populations``, of several specs of one family.
 * :class:`PNAEdgeLayer`, :class:`RelationalTransformerLayer`: layers (time enters through
@@ -13,12 +13,12 @@
 * :mod:`wsbook.graphs.inr`: rendering SIRENs and the canonicalizing autoencoder.
 
 The book's zoos and benchmarks are in :mod:`wsbook.experiments`; the drawing of a neural graph is
-:func:`wsbook.figures.draw_neural_graph`.
+:func:`wsbook.figures.draw_neural_graph`. Permutations and sign flips of neurons come from
+:mod:`wsbook.symmetry` (the one group action).
 """
-from wsbook.graphs.cnn import CNNSpec
 from wsbook.graphs.layers import DegreeScaledAggregation, PNAEdgeLayer, RelationalTransformerLayer
 from wsbook.graphs.models import FlatMLP, WeightSpaceField, WeightSpaceGNN, count_parameters
 from wsbook.graphs.neural_graph import ROLES, GraphBatch, NeuralGraph
 
-__all__ = ["CNNSpec", "DegreeScaledAggregation", "PNAEdgeLayer", "RelationalTransformerLayer", "FlatMLP",
+__all__ = ["DegreeScaledAggregation", "PNAEdgeLayer", "RelationalTransformerLayer", "FlatMLP",
            "WeightSpaceField", "WeightSpaceGNN", "count_parameters", "GraphBatch", "NeuralGraph", "ROLES"]

@@ -3,11 +3,13 @@
 * :func:`pixel_grid` / :func:`render`: an INR's image on a grid (the zoo of digit SIRENs is
   :func:`wsbook.experiments.zoos.digit_inr_zoo`).
 * :class:`INREncoder`: invariant to hidden-neuron permutations (a :class:`WeightSpaceGNN` with an
-  invariant head) and to sign flips (hidden neurons are first sign-canonicalized so every hidden bias is
-  non-negative; for odd activations such as sine this picks one member of each sign orbit).
+  invariant head) and to sign flips (hidden neurons are first sign-canonicalized by
+  :func:`wsbook.symmetry.sign_canonicalize` so every hidden bias is non-negative; for odd activations such
+  as sine this picks one member of each sign orbit).
 * :class:`INRAutoencoder`: encoder + MLP decoder to a full weight vector; trained with the *functional*
   loss of paper ``004``: the decoded SIREN must reproduce the image's pixels.
-* :func:`interpolation_losses` / :func:`barrier`: reconstruction error along a linear path in weight space.
+* :func:`orbit_partner`: a random member of a network's permutation-and-sign orbit (pairs for the
+  interpolation experiment of chapter 6; the paths and barriers come from :mod:`wsbook.symmetry.lmc`).
 """
 from __future__ import annotations
 
@@ -16,9 +18,9 @@ from torch import Tensor, nn
 
 from wsbook.graphs.layers import mlp
 from wsbook.graphs.models import WeightSpaceGNN
-from wsbook.graphs.neural_graph import NeuralGraph
 from wsbook.graphs.train import fit_minibatches
 from wsbook.nets import MLPSpec
+from wsbook.symmetry import flip_signs, permute, random_permutation, random_signs, sign_canonicalize
 
 
 def pixel_grid(side: int = 8, device: torch.device | str | None = None) -> Tensor:
@@ -42,12 +44,13 @@ class INREncoder(nn.Module):
         super().__init__()
         if spec.activation not in ("sine", "tanh"):
             raise ValueError(f"sign flips are a symmetry only for odd activations; got {spec.activation!r}")
+        self.spec = spec
         self.gnn = WeightSpaceGNN(spec, layer, dim=dim, n_layers=n_layers, head="invariant", out_dim=latent)
         self.graph = self.gnn.graph
         self.norm = nn.BatchNorm1d(latent)   # standardizes each latent coordinate over the zoo
 
     def forward(self, theta: Tensor) -> Tensor:
-        return self.norm(self.gnn(self.graph.sign_canonicalize(theta)))
+        return self.norm(self.gnn(sign_canonicalize(self.spec, theta)))
 
 
 class INRAutoencoder(nn.Module):
@@ -79,7 +82,7 @@ def fit_autoencoder(model: INRAutoencoder, theta: Tensor, images: Tensor, *, epo
     coords = pixel_grid(8, theta.device)
     with torch.no_grad():   # decoder outputs start at the zoo's per-parameter scale
         model.theta_scale.copy_(theta.abs().mean(0).clamp_min(1e-3))
-    model.encoder.gnn.set_normalization(model.encoder.graph.sign_canonicalize(theta))
+    model.encoder.gnn.set_normalization(sign_canonicalize(spec, theta))
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
 
@@ -99,32 +102,12 @@ def reconstruction_mse(model: INRAutoencoder, theta: Tensor, images: Tensor) -> 
     return ((out - images) ** 2).mean(1)
 
 
-@torch.no_grad()
-def interpolation_losses(spec: MLPSpec, theta_a: Tensor, theta_b: Tensor, images: Tensor, n_points: int = 11) -> Tensor:
-    """Pixel MSE along ``(1 - t) theta_a + t theta_b`` for ``n_points`` values of ``t``: ``[B, n_points]`` (all pairs
-    and all ``t`` in one batched forward)."""
-    theta_a, theta_b = spec.check(theta_a), spec.check(theta_b)
-    B = theta_a.shape[0]
-    t = torch.linspace(0, 1, n_points, device=theta_a.device).view(1, -1, 1)
-    path = ((1 - t) * theta_a.unsqueeze(1) + t * theta_b.unsqueeze(1)).reshape(B * n_points, -1)
-    out = render(spec, path, pixel_grid(8, theta_a.device)).view(B, n_points, -1)
-    return ((out - images.unsqueeze(1)) ** 2).mean(-1)
-
-
-def barrier(losses: Tensor) -> Tensor:
-    """Loss barrier of each path ``[B, T]``: ``max_t [L(t) - ((1 - t) L(0) + t L(1))]`` (Frankle et al., 2020)."""
-    t = torch.linspace(0, 1, losses.shape[1], device=losses.device)
-    return (losses - ((1 - t) * losses[:, :1] + t * losses[:, -1:])).max(1).values
-
-
-def orbit_partner(graph: NeuralGraph, theta: Tensor, noise: float = 0.01,
+def orbit_partner(spec: MLPSpec, theta: Tensor, noise: float = 0.01,
                   generator: torch.Generator | None = None) -> Tensor:
-    """A random member of each network's permutation-and-sign orbit, plus Gaussian noise of std ``noise``
-    (the functionally equivalent pairs of paper ``004`` §5)."""
-    B = theta.shape[0]
-    perm = graph.random_hidden_permutation(B, generator)
-    signs = torch.ones(B, graph.n_nodes)
-    flips = torch.rand(B, int(graph.hidden_mask.sum()), generator=generator) < 0.5
-    signs[:, graph.hidden_mask] = torch.where(flips, -1.0, 1.0)
-    moved = graph.flip_signs(graph.permute_nodes(theta, perm), signs.to(theta))
+    """A random member of each network's permutation-and-sign orbit (an odd activation such as sine), plus
+    Gaussian noise of std ``noise`` (the functionally equivalent pairs of paper ``004`` §5)."""
+    B = spec.check(theta).shape[0]
+    perms = random_permutation(spec, B, generator, device=theta.device)
+    signs = [s.to(theta) for s in random_signs(spec, B, generator)]
+    moved = flip_signs(spec, permute(spec, theta, perms), signs)
     return moved + noise * torch.randn(moved.shape, generator=generator).to(theta)

@@ -5,7 +5,9 @@ feature is its bias (input nodes get a constant 0); every weight (or flattened, 
 an edge from layer ``l-1`` to layer ``l``. Each input and output neuron has its own positional id; the
 neurons of a hidden layer share one id given by the layer's *role* (first, middle, last or only hidden
 layer), so a GNN over the graph is equivariant to exactly the hidden-neuron permutations that leave the
-network's function unchanged, and the ids do not depend on hidden widths or on depth.
+network's function unchanged, and the ids do not depend on hidden widths or on depth. Those permutations
+(and sign flips) act on populations through :mod:`wsbook.symmetry`; :meth:`NeuralGraph.node_permutation`
+maps a symmetry element to the node relabelling it induces.
 
 The graphs of one *family* (same kind, input size, output size and edge feature size) differ only in
 hidden widths and depth: a GNN built for one member evaluates any other (:attr:`NeuralGraph.family`).
@@ -24,8 +26,8 @@ from typing import Sequence, Union
 import torch
 from torch import Tensor
 
-from wsbook.graphs.cnn import CNNSpec
-from wsbook.nets import MLPSpec
+from wsbook.nets import CNNSpec, MLPSpec
+from wsbook.symmetry import check_permutations, symmetry_spec
 
 Spec = Union[MLPSpec, CNNSpec]
 
@@ -199,9 +201,6 @@ class NeuralGraph:
         self.n_pos = n_in + n_out + 4
         self.family = ("cnn" if isinstance(spec, CNNSpec) else "mlp", n_in, n_out, kk)
         self.hidden_mask = (layer_of > 0) & (layer_of < len(widths) - 1)
-        adjacency = torch.full((self.n_nodes, self.n_nodes), -1, dtype=torch.long)
-        adjacency[self.edge_index[0], self.edge_index[1]] = torch.arange(self.n_edges)
-        self._adjacency = adjacency
         # the parameter each output slot writes (for the inverse map), without the zero padding
         self._edge_valid = self.edge_param != D
         self._node_valid = self.node_param != D
@@ -269,57 +268,20 @@ class NeuralGraph:
         return theta
 
     # ------------------------------------------------------------- symmetries
-    def random_hidden_permutation(self, n: int, generator: torch.Generator | None = None) -> Tensor:
-        """``n`` random node permutations ``[n, N]`` that shuffle neurons within each hidden layer only."""
-        perm = torch.arange(self.n_nodes).repeat(n, 1)
-        for layer in range(1, len(self.widths) - 1):
-            s, w = self.layer_start[layer], self.widths[layer]
-            perm[:, s:s + w] = torch.rand(n, w, generator=generator).argsort(1) + s
-        return perm
-
-    def permute_nodes(self, theta: Tensor, perm: Tensor) -> Tensor:
-        """Apply node permutations ``perm [B, N]`` (new node ``i`` takes old node ``perm[i]``) to ``theta``.
-
-        The new edge ``(i, j)`` is the old edge ``(perm[i], perm[j])``; for hidden-layer permutations this is
-        the network symmetry of thesis ``000`` ch. 4 (the function is unchanged).
-        """
-        padded = self._padded(theta)
-        B, dev = padded.shape[0], padded.device
-        if perm.shape != (B, self.n_nodes):
-            raise ValueError(f"perm must be [{B}, {self.n_nodes}]; got {tuple(perm.shape)}")
-        perm = perm.to(dev)
-        src, dst = self.edge_index.to(dev)
-        new_edge = self._adjacency.to(dev)[perm[:, src], perm[:, dst]]       # [B, E]
-        if (new_edge < 0).any():
-            raise ValueError("perm maps an edge to a non-edge: permute neurons within one layer only")
-        edges = padded[:, self.edge_param.to(dev)]                            # [B, E, F]
-        edges = edges.gather(1, new_edge.unsqueeze(-1).expand(-1, -1, self.edge_dim))
-        nodes = padded[:, self.node_param.to(dev)].gather(1, perm)
-        return self.to_population(nodes.reshape(-1), edges.reshape(-1, self.edge_dim))
-
-    def flip_signs(self, theta: Tensor, signs: Tensor) -> Tensor:
-        """Multiply neuron ``i`` by ``signs[:, i]`` (+-1): bias ``b_i -> s_i b_i``, weight ``w_ij -> s_i s_j w_ij``.
-
-        With ``s = -1`` only on hidden neurons this is the sign symmetry of odd activations (tanh, sine).
-        """
-        padded = self._padded(theta)
-        B, dev = padded.shape[0], padded.device
-        if signs.shape != (B, self.n_nodes):
-            raise ValueError(f"signs must be [{B}, {self.n_nodes}]; got {tuple(signs.shape)}")
-        signs = signs.to(padded)
-        src, dst = self.edge_index.to(dev)
-        edges = padded[:, self.edge_param.to(dev)] * (signs[:, src] * signs[:, dst]).unsqueeze(-1)
-        nodes = padded[:, self.node_param.to(dev)] * signs
-        return self.to_population(nodes.reshape(-1), edges.reshape(-1, self.edge_dim))
-
-    def sign_canonicalize(self, theta: Tensor) -> Tensor:
-        """Flip every hidden neuron whose bias is negative, so all hidden biases become >= 0.
-
-        One representative per sign orbit (for nonzero biases): a network and any sign-flipped copy map
-        to the same weights, which makes any function of the result exactly sign-invariant.
-        """
-        padded = self._padded(theta)
-        bias = padded[:, self.node_param.to(padded.device)]
-        hidden = self.hidden_mask.to(padded.device)
-        signs = torch.where(hidden & (bias < 0), -1.0, 1.0).to(padded)
-        return self.flip_signs(theta, signs)
+    def node_permutation(self, perms: list[Tensor]) -> Tensor:
+        """The node relabelling ``[B, N]`` induced by a permutation element of :mod:`wsbook.symmetry` (one
+        ``[B, width]`` permutation per hidden layer): new node ``i`` is old node ``out[:, i]``. Input and
+        output nodes stay in place. The hidden layers come from the symmetry spec's groups, so graph and
+        weights are permuted by the same element: ``to_graph(permute(spec, theta, perms))`` carries the node
+        features of ``to_graph(theta)`` gathered with this relabelling."""
+        groups = symmetry_spec(self.spec).groups
+        if len(perms) != len(groups):
+            raise ValueError(f"perms needs one entry per hidden layer ({len(groups)}); got {len(perms)}")
+        perms = [p.reshape(-1, g.width) if p.dim() == 1 else p for p, g in zip(perms, groups)]
+        check_permutations(perms, [g.width for g in groups])
+        B = max(p.shape[0] for p in perms)
+        out = torch.arange(self.n_nodes, device=perms[0].device).repeat(B, 1)
+        for g, p in zip(groups, perms):
+            start = self.layer_start[g.index + 1]
+            out[:, start:start + g.width] = p.long() + start
+        return out

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from wsbook.graphs.neural_graph import NeuralGraph
 from wsbook.nets import MLPSpec
+from wsbook.symmetry import permute, random_permutation
 
 
 def embed_population(small: MLPSpec, theta: Tensor, big: MLPSpec) -> Tensor:
@@ -61,7 +62,7 @@ def fit_predictor(model: nn.Module, theta: Tensor, y: Tensor, *, epochs: int = 1
     def batch_loss(idx: Tensor) -> Tensor:
         xb = theta[idx]
         if augment is not None:
-            xb = augment.permute_nodes(xb, augment.random_hidden_permutation(len(idx), gen))
+            xb = permute(augment.spec, xb, random_permutation(augment.spec, len(idx), gen, device=xb.device))
         return ((model(xb).squeeze(-1) - target[idx]) ** 2).mean()
 
     history = fit_minibatches(opt, batch_loss, theta.shape[0], epochs=epochs, batch_size=batch_size,

@@ -1,11 +1,15 @@
-"""Canonical representatives of ReLU networks (Pittorino et al., 2022): break the scaling symmetry by
-putting every hidden neuron's ``[incoming weights, bias]`` on the unit sphere (compensating the outgoing
-weights), and the permutation symmetry by aligning to a reference (or by sorting). The result lives on a
-product of spheres; :func:`sphere_blocks` describes it for :class:`wsbook.manifolds.Product`.
+"""Canonical representatives of networks (Pittorino et al., 2022): break the scaling symmetry of ReLU
+networks by putting every hidden neuron's ``[incoming weights, bias]`` on the unit sphere (compensating the
+outgoing weights), and the permutation symmetry by aligning to a reference (or by sorting). The result
+lives on a product of spheres; :func:`sphere_blocks` describes it for :class:`wsbook.manifolds.Product`.
+For odd activations (tanh, sine), :func:`sign_canonicalize` picks one member of every sign orbit.
+
+Everything reads the axes of :func:`wsbook.symmetry.symmetry_spec`, so MLPs and CNNs (a hidden channel's
+filter and bias form one sphere factor) are handled by the same code.
 
 For classifiers the last layer ``[W_L, b_L]`` is scaled to Frobenius norm ``sqrt(C)``: this changes the
 logits by a positive factor and keeps every predicted label; for regression it is left as it is, and the
-canonical network computes exactly the same function.
+canonical network computes exactly the same function. See chapter 5, "Canonical representatives".
 """
 from __future__ import annotations
 
@@ -14,105 +18,149 @@ import math
 import torch
 from torch import Tensor
 
-from wsbook.nets import MLPSpec
-from wsbook.symmetry.actions import permute, scale
+from wsbook.manifolds import Product
+from wsbook.nets import NetSpec, check_task
+from wsbook.symmetry.actions import act_on_layer_, permute
 from wsbook.symmetry.spec import symmetry_spec
 
-TASKS = ("classification", "regression")
 
-
-def _check(spec: MLPSpec, task: str) -> None:
+def _check(spec: NetSpec, task: str) -> None:
     if symmetry_spec(spec).scaling != "positive":
         raise ValueError(f"sphere canonicalization needs a positively homogeneous activation (relu); got {spec.activation}")
-    if task not in TASKS:
-        raise ValueError(f"task must be one of {TASKS}; got {task!r}")
+    check_task(task)
 
 
-def _rows(spec: MLPSpec, theta: Tensor, layer: int) -> Tensor:
-    """``[B, out, in (+1)]``: each neuron's incoming weights with its bias appended."""
-    w = spec.weights(theta)[layer]
-    if not spec.bias:
-        return w
-    return torch.cat([w, spec.biases(theta)[layer].unsqueeze(2)], 2)
+def _group_rows(spec: NetSpec, tensors: dict, h: int, side: str) -> Tensor:
+    """``[B, w, K]``: for hidden group ``h``, each neuron's entries on the axes of ``side`` ("in": its filter or
+    incoming weights followed by its bias; "out": its outgoing weights), flattened. ``tensors[(kind, layer)]``
+    holds the per-layer tensors ``[B, ...]`` (weights, biases or flat index maps)."""
+    parts = []
+    for ax in symmetry_spec(spec).groups[h].axes:
+        if ax.side != side:
+            continue
+        t = tensors[(ax.kind, ax.layer)].movedim(ax.dim + 1, 1)
+        parts.append(t.reshape(t.shape[0], t.shape[1], -1))
+    return torch.cat(parts, 2) if len(parts) > 1 else parts[0]
 
 
-def normalize_neurons(spec: MLPSpec, theta: Tensor, task: str = "classification") -> Tensor:
+def _views(spec: NetSpec, theta: Tensor) -> dict:
+    ws, bs = spec.weights(theta), spec.biases(theta)
+    out = {("W", l): w for l, w in enumerate(ws)}
+    out.update({("b", l): b for l, b in enumerate(bs) if b is not None})
+    return out
+
+
+def _last_layer(spec: NetSpec) -> slice:
+    w_sl, b_sl = spec.slices(spec.n_layers - 1)
+    return slice(w_sl.start, b_sl.stop if b_sl is not None else w_sl.stop)
+
+
+def normalize_neurons(spec: NetSpec, theta: Tensor, task: str = "classification") -> Tensor:
     """Scale every hidden neuron's ``[w_in, b]`` to unit norm, layer by layer, multiplying its outgoing
     weights by the old norm (a ReLU scaling symmetry); then the last layer to norm ``sqrt(C)`` for
-    classifiers (Pittorino et al., 2022). Dead neurons (zero incoming weights) are left as they are."""
+    classifiers (Pittorino et al., 2022). Dead neurons (zero incoming weights) are left as they are.
+    The population is copied once and each layer is rescaled in place (:func:`act_on_layer_`)."""
     _check(spec, task)
-    theta = spec.check(theta)
-    widths = symmetry_spec(spec).widths
-    B = theta.shape[0]
-    for h in range(len(widths)):
-        norms = _rows(spec, theta, h).norm(dim=2)
+    out = spec.check(theta).clone(memory_format=torch.contiguous_format)
+    for h in range(len(symmetry_spec(spec).groups)):
+        norms = _group_rows(spec, _views(spec, out), h, "in").norm(dim=2)
         s = torch.where(norms > 0, 1.0 / norms.clamp_min(1e-30), torch.ones_like(norms))
-        theta = scale(spec, theta, [s if k == h else torch.ones(B, w, dtype=theta.dtype, device=theta.device)
-                                    for k, w in enumerate(widths)])
+        act_on_layer_(spec, out, h, scale=s)
     if task == "classification":
-        w_sl, b_sl = spec.slices(spec.n_layers - 1)
-        last = slice(w_sl.start, b_sl.stop if b_sl is not None else w_sl.stop)
-        norm = theta[:, last].norm(dim=1, keepdim=True).clamp_min(1e-30)
-        theta = theta.clone()
-        theta[:, last] = theta[:, last] * (math.sqrt(spec.widths[-1]) / norm)
-    return theta
+        last = _last_layer(spec)
+        norm = out[:, last].norm(dim=1, keepdim=True).clamp_min(1e-30)
+        out[:, last] *= math.sqrt(spec.widths[-1]) / norm
+    return out
 
 
-def sort_neurons(spec: MLPSpec, theta: Tensor) -> tuple[list[Tensor], Tensor]:
+def sort_neurons(spec: NetSpec, theta: Tensor) -> tuple[list[Tensor], Tensor]:
     """A reference-free permutation canonical form: order each hidden layer's neurons by decreasing norm of
     their outgoing weights (applied to normalized networks this norm is the neuron's scale). Returns
-    ``(perms, sorted)``."""
+    ``(perms, sorted)``.
+
+    The norm of a neuron's outgoing weights does not depend on how the next layer is ordered, so all
+    layers are sorted from the input population at once and the permutation is applied in one pass."""
     theta = spec.check(theta)
-    perms = []
-    for h in range(len(symmetry_spec(spec).widths)):
-        current = permute(spec, theta, perms + [torch.arange(w).expand(theta.shape[0], w).to(theta.device)
-                                                for w in symmetry_spec(spec).widths[h:]])
-        out_norm = spec.weights(current)[h + 1].norm(dim=1)                     # [B, w_h]
-        perms.append(torch.argsort(out_norm, dim=1, descending=True, stable=True))
+    views = _views(spec, theta)
+    perms = [torch.argsort(_group_rows(spec, views, h, "out").norm(dim=2), dim=1, descending=True, stable=True)
+             for h in range(len(symmetry_spec(spec).groups))]
     return perms, permute(spec, theta, perms)
 
 
-def canonicalize(spec: MLPSpec, theta: Tensor, reference: Tensor | None = None, *, task: str = "classification",
-                 max_iter: int = 100) -> Tensor:
-    """The canonical representative of every network of ``theta`` (Pittorino et al., 2022; thesis ch. 4):
-    normalize the neurons (:func:`normalize_neurons`), then fix the permutation by weight matching to the
+def sign_canonicalize(spec: NetSpec, theta: Tensor) -> Tensor:
+    """Flip every hidden neuron whose bias is negative, so that all hidden biases become ``>= 0``: one
+    representative per sign orbit of an odd-activation network (tanh, sine), for nonzero biases. A network
+    and any sign-flipped copy map to the same weights, so any function of the result is exactly
+    sign-invariant (used by the INR encoder of chapter 6). The function is unchanged."""
+    if symmetry_spec(spec).scaling != "sign":
+        raise ValueError(f"sign canonicalization is for odd activations (tanh, sine); {spec} uses {spec.activation}")
+    if not spec.bias:
+        raise ValueError(f"sign canonicalization reads the hidden biases; {spec} has none")
+    out = spec.check(theta).clone(memory_format=torch.contiguous_format)
+    biases = spec.biases(theta)
+    for h in range(len(symmetry_spec(spec).groups)):   # a layer's flips do not touch another layer's biases
+        act_on_layer_(spec, out, h, scale=torch.where(biases[h] < 0, -1.0, 1.0).to(out))
+    return out
+
+
+def canonicalize(spec: NetSpec, theta: Tensor, reference: Tensor | None = None, *, task: str = "classification",
+                 max_iter: int = 100, restarts: int = 0, generator: torch.Generator | None = None) -> Tensor:
+    """The canonical representative of every network of ``theta`` (Pittorino et al., 2022; thesis ch. 4).
+
+    Normalize the neurons (:func:`normalize_neurons`), then fix the permutation by weight matching to the
     normalized ``reference`` or, without one, by :func:`sort_neurons`. Idempotent; for ``regression`` the
-    function is unchanged, for ``classification`` the predicted labels are."""
+    function is unchanged, for ``classification`` the predicted labels are.
+
+    Args:
+        spec: the architecture (ReLU MLP or CNN).
+        theta: population ``[B, D]``.
+        reference: one network ``[D]`` / ``[1, D]`` (or one per member) to align to; ``None`` sorts neurons.
+        task: ``"classification"`` or ``"regression"`` (how the last layer is treated).
+        max_iter: most sweeps of weight matching.
+        restarts: random restarts of weight matching; with the default 0 weight matching is deterministic,
+            so the canonical form is a function of the network alone (any permuted copy, and the canonical
+            form itself, map to the same point).
+        generator: randomness of weight matching's restarts (``None``: torch's global generator).
+    """
     from wsbook.symmetry.matching import weight_matching
 
     normed = normalize_neurons(spec, theta, task)
     if reference is None:
         return sort_neurons(spec, normed)[1]
     ref = normalize_neurons(spec, spec.check(reference, "reference"), task)
-    return weight_matching(spec, ref, normed, max_iter=max_iter)[1]
+    return weight_matching(spec, ref, normed, max_iter=max_iter, restarts=restarts, generator=generator).aligned
 
 
 # ---------------------------------------------------------- product of spheres
-def sphere_blocks(spec: MLPSpec, task: str = "classification") -> tuple[list[tuple[str, int, int]], Tensor]:
+def sphere_blocks(spec: NetSpec, task: str = "classification") -> tuple[list[tuple[str, int, int]], Tensor]:
     """The product-of-spheres structure of canonical networks, for ``wsbook.manifolds.Product.from_blocks``.
 
-    Blocks: per hidden layer ``("sphere", width, fan_in + 1)`` (one unit sphere per neuron's ``[w_in, b]``),
-    then the output layer as ``("sphere", 1, C (fan_in + 1))`` for classifiers (radius ``sqrt(C)`` rescaled
-    to 1 by :func:`to_spheres`) or ``("euclidean", 1, ...)`` for regression. Also returns ``index [D]``, the
-    permutation of coordinates with ``blocked = theta[:, index]`` (inverse: ``index.argsort()``).
+    Blocks: per hidden layer ``("sphere", width, fan_in + 1)`` (one unit sphere per neuron's ``[w_in, b]``;
+    for a CNN channel, its flattened filter and bias), then the output layer as ``("sphere", 1, size)`` for
+    classifiers (radius ``sqrt(C)`` rescaled to 1 by :func:`to_spheres`) or ``("euclidean", 1, size)`` for
+    regression. Also returns ``index [D]``, the permutation of coordinates with ``blocked = theta[:, index]``
+    (inverse: ``index.argsort()``). The rows are read from the symmetry spec's incoming axes.
     """
     _check(spec, task)
+    flat = spec.weights(torch.arange(spec.n_params).unsqueeze(0))     # the flat index of every entry
+    biases = spec.biases(torch.arange(spec.n_params).unsqueeze(0))
+    views = {("W", l): w for l, w in enumerate(flat)}
+    views.update({("b", l): b for l, b in enumerate(biases) if b is not None})
     blocks, index = [], []
-    for layer, (o, i) in enumerate(spec.layer_shapes):
-        w_sl, b_sl = spec.slices(layer)
-        w_idx = torch.arange(w_sl.start, w_sl.stop).view(o, i)
-        rows = torch.cat([w_idx, torch.arange(b_sl.start, b_sl.stop).view(o, 1)], 1) if b_sl is not None else w_idx
-        if layer < spec.n_layers - 1:
-            blocks.append(("sphere", o, rows.shape[1]))
-            index.append(rows.reshape(-1))
-        else:
-            end = b_sl.stop if b_sl is not None else w_sl.stop
-            blocks.append(("sphere" if task == "classification" else "euclidean", 1, end - w_sl.start))
-            index.append(torch.arange(w_sl.start, end))
-    return blocks, torch.cat(index)
+    for h, g in enumerate(symmetry_spec(spec).groups):
+        rows = _group_rows(spec, views, h, "in")[0]                    # [w, fan_in (+1)]
+        blocks.append(("sphere", g.width, rows.shape[1]))
+        index.append(rows.reshape(-1))
+    last = _last_layer(spec)
+    blocks.append(("sphere" if task == "classification" else "euclidean", 1, last.stop - last.start))
+    index.append(torch.arange(last.start, last.stop))
+    index = torch.cat(index)
+    if index.numel() != spec.n_params or not torch.equal(index.sort().values, torch.arange(spec.n_params)):
+        raise ValueError(f"the hidden layers' incoming axes and the last layer do not tile the parameters of {spec}")
+    return blocks, index
 
 
-def to_spheres(spec: MLPSpec, theta: Tensor, task: str = "classification", atol: float = 1e-4) -> Tensor:
+def to_spheres(spec: NetSpec, theta: Tensor, task: str = "classification", atol: float = 1e-4) -> Tensor:
     """Coordinates of canonical (normalized) networks on the product of unit spheres, ``[B, D]`` in the block
     layout of :func:`sphere_blocks`. Raises ``ValueError`` for a network that is not normalized."""
     blocks, index = sphere_blocks(spec, task)
@@ -135,7 +183,7 @@ def to_spheres(spec: MLPSpec, theta: Tensor, task: str = "classification", atol:
     return out
 
 
-def from_spheres(spec: MLPSpec, points: Tensor, task: str = "classification") -> Tensor:
+def from_spheres(spec: NetSpec, points: Tensor, task: str = "classification") -> Tensor:
     """The inverse of :func:`to_spheres`: ordinary flat weights ``[B, D]`` of the network at each point."""
     blocks, index = sphere_blocks(spec, task)
     points = spec.check(points, "points")
@@ -146,27 +194,14 @@ def from_spheres(spec: MLPSpec, points: Tensor, task: str = "classification") ->
     return out[:, index.argsort().to(points.device)]
 
 
-def sphere_distance(spec: MLPSpec, theta_a: Tensor, theta_b: Tensor, task: str = "classification") -> Tensor:
-    """Geodesic distance on the product of spheres between canonical networks (``[B]``):
-    ``sqrt(sum_factors arccos(<u, v>)^2)``, with the angle computed as ``2 atan2(|u - v|, |u + v|)`` (plus the Euclidean part for regression)."""
-    blocks, _ = sphere_blocks(spec, task)
-    a, b = to_spheres(spec, theta_a, task), to_spheres(spec, theta_b, task)
-    a, b = torch.broadcast_tensors(a, b)
-    total, start = torch.zeros(a.shape[0], dtype=a.dtype, device=a.device), 0
-    for kind, n, d in blocks:
-        ua, ub = a[:, start:start + n * d].view(-1, n, d), b[:, start:start + n * d].view(-1, n, d)
-        if kind == "sphere":
-            angle = 2 * torch.atan2((ua - ub).norm(dim=2), (ua + ub).norm(dim=2))   # stable arccos<u, v>
-            total = total + angle.pow(2).sum(1)
-        else:
-            total = total + (ua - ub).pow(2).sum((1, 2))
-        start += n * d
-    return total.sqrt()
+def sphere_distance(spec: NetSpec, theta_a: Tensor, theta_b: Tensor, task: str = "classification") -> Tensor:
+    """Geodesic distance on the product of spheres between canonical networks (``[B]``): the distance of
+    :func:`product_manifold`, ``sqrt(sum_factors arccos(<u, v>)^2)`` (plus the Euclidean part for regression)."""
+    a, b = torch.broadcast_tensors(to_spheres(spec, theta_a, task), to_spheres(spec, theta_b, task))
+    return product_manifold(spec, task).dist(a, b)
 
 
-def product_manifold(spec: MLPSpec, task: str = "classification"):
+def product_manifold(spec: NetSpec, task: str = "classification") -> Product:
     """The :class:`wsbook.manifolds.Product` of spheres that canonical networks of ``spec`` live on
     (coordinates as produced by :func:`to_spheres`)."""
-    from wsbook.manifolds import Product   # imported lazily: manifolds does not depend on symmetry
-
     return Product.from_blocks(sphere_blocks(spec, task)[0])

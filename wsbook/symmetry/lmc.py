@@ -1,14 +1,15 @@
 """Linear mode connectivity: loss and accuracy along the segment between two networks, the loss barrier
 and the area under the excess-loss curve (Frankle et al., 2020; Entezari et al., 2022; Ainsworth et al.,
 2023), and the marginalized barrier between two mean-field Gaussian posteriors along the Wasserstein
-geodesic and along the mixture path (Rossi et al., 2023).
+geodesic and along the mixture path (Rossi et al., 2023). This is the library's one implementation of
+interpolation curves and barriers (chapters 5 and 6 use it). See chapter 5, "Linear mode connectivity".
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from wsbook.nets import MLPSpec, per_member_loss
+from wsbook.nets import TASK_LOSS, NetSpec, check_task, output_loss
 
 
 def _lambdas(n_points: int, like: Tensor) -> Tensor:
@@ -17,7 +18,7 @@ def _lambdas(n_points: int, like: Tensor) -> Tensor:
     return torch.linspace(0, 1, n_points, dtype=like.dtype, device=like.device)
 
 
-def _pair(spec: MLPSpec, a: Tensor, b: Tensor, names=("theta_a", "theta_b")) -> tuple[Tensor, Tensor]:
+def _pair(spec: NetSpec, a: Tensor, b: Tensor, names=("theta_a", "theta_b")) -> tuple[Tensor, Tensor]:
     a, b = spec.check(a, names[0]), spec.check(b, names[1])
     if a.shape[0] != b.shape[0] and 1 not in (a.shape[0], b.shape[0]):
         raise ValueError(f"{names[0]} has {a.shape[0]} networks and {names[1]} has {b.shape[0]}; need equal or 1")
@@ -25,36 +26,43 @@ def _pair(spec: MLPSpec, a: Tensor, b: Tensor, names=("theta_a", "theta_b")) -> 
     return a.expand(B, -1), b.to(a).expand(B, -1)
 
 
-def _task(loss: str, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor | None]:
-    """Per-member loss ``[M]`` and accuracy (classification) of logits ``[M, N, C]``."""
-    M, N = logits.shape[:2]
-    if loss == "cross_entropy":
-        ce = torch.nn.functional.cross_entropy(logits.reshape(M * N, -1), y.expand(M, N).reshape(-1),
-                                               reduction="none").view(M, N).mean(1)
-        return ce, (logits.argmax(-1) == y).float().mean(1)
-    if loss == "mse":
-        return ((logits - y.reshape(N, -1)) ** 2).flatten(1).mean(1), None
-    raise ValueError(f"loss must be 'cross_entropy' or 'mse'; got {loss!r}")
-
-
-def interpolation_curve(spec: MLPSpec, theta_a: Tensor, theta_b: Tensor, x: Tensor, y: Tensor, *,
-                        n_points: int = 25, loss: str = "cross_entropy", chunk: int = 4096) -> dict[str, Tensor]:
+def interpolation_curve(spec: NetSpec, theta_a: Tensor, theta_b: Tensor, x: Tensor, y: Tensor, *,
+                        n_points: int = 25, task: str = "classification", chunk: int = 4096) -> dict[str, Tensor]:
     """Loss (and accuracy) of ``(1 - lam) theta_a + lam theta_b`` at ``n_points`` evenly spaced ``lam``
-    for every pair at once: ``{"lambdas": [T], "loss": [B, T], "accuracy": [B, T]}``."""
+    for every pair at once: ``{"lambdas": [T], "loss": [B, T], "accuracy": [B, T]}`` (accuracy for
+    classification only).
+
+    Args:
+        spec: the architecture.
+        theta_a, theta_b: the end points ``[B, D]`` (or ``[1, D]``, broadcast).
+        x: inputs ``[N, ...]`` shared by all pairs.
+        y: targets shared by all pairs (labels ``[N]``, values ``[N]`` / ``[N, out]``) or one set per pair
+            (labels ``[B, N]``, values ``[B, N, out]``), e.g. the image each pair of INRs encodes.
+        n_points: number of ``lam`` values, including both ends.
+        task: ``"classification"`` (cross-entropy) or ``"regression"`` (mean squared error).
+        chunk: networks per batched forward pass.
+    """
+    check_task(task)
     a, b = _pair(spec, theta_a, theta_b)
     lam = _lambdas(n_points, a)
     B, T = a.shape[0], n_points
-    path = ((1 - lam)[:, None, None] * a + lam[:, None, None] * b).reshape(T * B, -1)    # [T*B, D]
+    per_pair = y.dim() == (2 if task == "classification" else 3)
+    if per_pair and y.shape[0] != B:
+        raise ValueError(f"per-pair targets must have one entry per pair ({B}); got y of shape {tuple(y.shape)}")
+    path = ((1 - lam)[:, None, None] * a + lam[:, None, None] * b).reshape(T * B, -1)    # [T*B, D], lam-major
     losses, accs = [], []
     with torch.no_grad():
         for s in range(0, T * B, chunk):
-            l, acc = _task(loss, spec.forward(path[s:s + chunk], x), y)
-            losses.append(l)
-            accs.append(acc)
-    out = {"lambdas": lam, "loss": torch.cat(losses).view(T, B).T}
-    if accs[0] is not None:
-        out["accuracy"] = torch.cat(accs).view(T, B).T
-    return out
+            rows = torch.arange(s, min(s + chunk, T * B), device=y.device)
+            yb = y[rows % B] if per_pair else y
+            out = spec.forward(path[s:s + chunk], x)
+            losses.append(output_loss(out, yb, TASK_LOSS[task]))
+            if task == "classification":
+                accs.append((out.argmax(-1) == yb).float().mean(-1))
+    result = {"lambdas": lam, "loss": torch.cat(losses).view(T, B).T}
+    if accs:
+        result["accuracy"] = torch.cat(accs).view(T, B).T
+    return result
 
 
 def _excess(losses: Tensor, lambdas: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -83,14 +91,15 @@ def auc(losses: Tensor | dict, lambdas: Tensor | None = None) -> Tensor:
     return torch.trapezoid(excess, lam, dim=1)
 
 
-def connectivity(spec: MLPSpec, theta_a: Tensor, theta_b: Tensor, x: Tensor, y: Tensor, *, n_points: int = 25,
-                 loss: str = "cross_entropy") -> dict[str, Tensor]:
-    """The interpolation curve of every pair together with its ``barrier`` and ``auc`` (each ``[B]``)."""
-    curve = interpolation_curve(spec, theta_a, theta_b, x, y, n_points=n_points, loss=loss)
+def connectivity(spec: NetSpec, theta_a: Tensor, theta_b: Tensor, x: Tensor, y: Tensor, *, n_points: int = 25,
+                 task: str = "classification") -> dict[str, Tensor]:
+    """The interpolation curve of every pair (:func:`interpolation_curve`, same arguments) together with its
+    ``barrier`` and ``auc`` (each ``[B]``)."""
+    curve = interpolation_curve(spec, theta_a, theta_b, x, y, n_points=n_points, task=task)
     return {**curve, "barrier": barrier(curve), "auc": auc(curve)}
 
 
-def gaussian_interpolation_curve(spec: MLPSpec, mean_a: Tensor, std_a: Tensor, mean_b: Tensor, std_b: Tensor,
+def gaussian_interpolation_curve(spec: NetSpec, mean_a: Tensor, std_a: Tensor, mean_b: Tensor, std_b: Tensor,
                                  x: Tensor, y: Tensor, *, path: str = "wasserstein", n_points: int = 25,
                                  n_samples: int = 32, generator: torch.Generator | None = None,
                                  chunk: int = 2048) -> dict[str, Tensor]:
@@ -98,7 +107,18 @@ def gaussian_interpolation_curve(spec: MLPSpec, mean_a: Tensor, std_a: Tensor, m
     (Rossi et al., 2023), for classifiers. ``wasserstein``: the 2-Wasserstein geodesic
     ``q_t = N((1-t) mu_a + t mu_b, ((1-t) sigma_a + t sigma_b)^2)`` with common random numbers along the path;
     ``mixture``: ``q_t = (1-t) q_a + t q_b``, whose predictive is the mixture of the end predictives.
-    Returns ``{"lambdas": [T], "loss": [B, T], "accuracy": [B, T]}`` (accuracy of the predictive mean)."""
+    Returns ``{"lambdas": [T], "loss": [B, T], "accuracy": [B, T]}`` (accuracy of the predictive mean).
+
+    Args:
+        spec: the architecture (a classifier).
+        mean_a, std_a, mean_b, std_b: the end-point Gaussians ``[B, D]`` (or ``[1, D]``).
+        x, y: inputs and class labels.
+        path: ``"wasserstein"`` or ``"mixture"``.
+        n_points: number of points ``t`` including both ends.
+        n_samples: Monte Carlo samples per point (common random numbers along the path).
+        generator: randomness of the samples (``None``: torch's global generator).
+        chunk: networks per batched forward pass.
+    """
     if path not in ("wasserstein", "mixture"):
         raise ValueError(f"path must be 'wasserstein' or 'mixture'; got {path!r}")
     ma, mb = _pair(spec, mean_a, mean_b, ("mean_a", "mean_b"))
@@ -107,8 +127,7 @@ def gaussian_interpolation_curve(spec: MLPSpec, mean_a: Tensor, std_a: Tensor, m
         raise ValueError(f"std_a has shape {tuple(sa.shape)} but mean_a has {tuple(ma.shape)}")
     B, D = ma.shape
     lam = _lambdas(n_points, ma)
-    gen = generator if generator is not None else torch.Generator().manual_seed(0)
-    eps = torch.randn(n_samples, B, D, generator=gen).to(ma)
+    eps = torch.randn(n_samples, B, D, generator=generator).to(ma)     # None: torch's global generator
 
     def predictive(means: Tensor, stds: Tensor) -> Tensor:           # [K, B, D] -> [K, B, N, C]
         K = means.shape[0]

@@ -2,24 +2,78 @@
 Sinkhorn re-basin, sign-aware weight matching and variational (mean-field Gaussian) matching.
 
 Every function aligns a population ``theta [B, D]`` to a reference ``theta_ref`` (``[D]``, ``[1, D]`` or
-``[B, D]``, one reference per member) and returns the group element (see :mod:`wsbook.symmetry.actions`)
-and the aligned population. Cost matrices for the whole population are built with batched products;
-the only per-network loop is the Hungarian solve itself (``scipy.optimize.linear_sum_assignment`` has no
-batched form), which runs on ``[width, width]`` matrices already computed.
+``[B, D]``, one reference per member) and returns an :class:`Alignment` (a :class:`GaussianAlignment` for
+variational matching): the group element (see :mod:`wsbook.symmetry.actions`) and the aligned population,
+with diagnostics. Which tensor axes each hidden layer's permutation acts on is read from
+:func:`wsbook.symmetry.symmetry_spec` (Git Re-Basin's permutation spec), so MLPs and CNNs are aligned by the
+same code. Cost matrices for the whole population are built with batched products; the only per-network
+loop is the Hungarian solve itself (``scipy.optimize.linear_sum_assignment`` has no batched form), which
+runs on ``[width, width]`` matrices already computed. See chapter 5, "Alignment".
 """
 from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
-from wsbook.nets import MLPSpec, per_member_loss
-from wsbook.symmetry.actions import flip_signs, permute, permute_soft
+from wsbook.nets import TASK_LOSS, NetSpec, check_task, per_member_loss
+from wsbook.symmetry.actions import check_permutations, flip_signs, permute, permute_soft
 from wsbook.symmetry.spec import symmetry_spec
+
+
+# ------------------------------------------------------------------ results
+@dataclass
+class Alignment:
+    """What every alignment method returns.
+
+    Attributes:
+        perms: one ``[B, width]`` LongTensor per hidden layer; new neuron ``i`` of member ``b`` is old neuron
+            ``perms[l][b, i]`` (apply with :func:`wsbook.symmetry.permute`).
+        aligned: the aligned population ``[B, D]`` (permuted, then sign-flipped when ``signs`` is given).
+        signs: per hidden layer ``[B, width]`` of +-1 for the sign-aware methods, else ``None``.
+        objective: ``[B]``, the matching objective of the returned element (weight matching: the summed inner
+            product ``<theta_ref, aligned>``; larger is better), or ``None`` for methods without one.
+        converged: ``[B]`` bool, weight matching only: the coordinate descent of the returned candidate
+            reached a fixed point, a full sweep over all layers in which no layer's assignment (or sign)
+            changed; ``False`` when it stopped at ``max_iter``. A fixed point is a local optimum with respect
+            to single-layer updates, *not* a certificate of the global optimum (the restarts are what make a
+            global optimum likely). ``None`` for methods that are not iterative.
+        sweeps: the most sweeps over the layers any candidate needed (weight matching), else 0.
+        candidates: how many starting points were optimised per member (weight matching), else 1.
+        hungarian_seconds: wall time spent in Hungarian solves.
+        soft: Sinkhorn re-basin only: the doubly stochastic matrices ``[B, w, w]`` before hardening.
+    """
+
+    perms: list[Tensor]
+    aligned: Tensor
+    signs: list[Tensor] | None = None
+    objective: Tensor | None = None
+    converged: Tensor | None = None
+    sweeps: int = 0
+    candidates: int = 1
+    hungarian_seconds: float = 0.0
+    soft: list[Tensor] | None = None
+
+
+@dataclass
+class GaussianAlignment:
+    """What :func:`variational_matching` returns: ``perms`` (as in :class:`Alignment`), the aligned ``mean``
+    and ``std`` ``[B, D]``, and the diagnostics ``objective``, ``converged``, ``sweeps``, ``candidates`` of
+    the underlying weight matching on means and standard deviations."""
+
+    perms: list[Tensor]
+    mean: Tensor
+    std: Tensor
+    objective: Tensor
+    converged: Tensor
+    sweeps: int = 0
+    candidates: int = 1
 
 
 # ------------------------------------------------------------------ helpers
@@ -50,7 +104,7 @@ def hungarian(cost: Tensor, maximize: bool = True) -> Tensor:
     return torch.from_numpy(out).to(cost.device)
 
 
-def _pair(spec: MLPSpec, theta_ref: Tensor, theta: Tensor) -> tuple[Tensor, Tensor]:
+def _pair(spec: NetSpec, theta_ref: Tensor, theta: Tensor) -> tuple[Tensor, Tensor]:
     """Validate a reference and a population for alignment and broadcast the reference."""
     ref = spec.check(theta_ref, "theta_ref")
     theta = spec.check(theta, "theta")
@@ -60,105 +114,285 @@ def _pair(spec: MLPSpec, theta_ref: Tensor, theta: Tensor) -> tuple[Tensor, Tens
     return ref.to(theta), theta
 
 
-def _check_spec(spec: MLPSpec) -> None:
-    if not isinstance(spec, MLPSpec):
-        raise TypeError(f"spec must be an MLPSpec; got {type(spec).__name__}")
+def _check_spec(spec: NetSpec) -> None:
+    symmetry_spec(spec)          # raises a TypeError for anything that is not a network spec
     if spec.n_layers < 2:
         raise ValueError(f"{spec} has no hidden layer, so there is nothing to align")
 
 
-def _wm_core(spec: MLPSpec, refs: list[Tensor], others: list[Tensor], *, signs: bool, max_iter: int,
-             generator: torch.Generator | None, init: list[Tensor] | None) -> tuple[list[Tensor], list[Tensor], dict]:
-    """Coordinate descent of Ainsworth et al. (2023, Alg. 1) summed over parameter 'channels' (e.g. means and
-    standard deviations). Layers are visited in a fresh random order each sweep; a member stops when a full
-    sweep changes none of its permutations; at most ``max_iter`` sweeps."""
-    B = others[0].shape[0]
-    groups = symmetry_spec(spec).groups
-    dev = others[0].device
-    wr = [spec.weights(r) for r in refs]
-    br = [spec.biases(r) for r in refs]
-    wo = [spec.weights(t) for t in others]
-    bo = [spec.biases(t) for t in others]
-    perms = [p.clone().long().to(dev).expand(B, -1).clone() for p in init] if init is not None else \
-        [torch.arange(g.width, device=dev).expand(B, g.width).clone() for g in groups]
-    sgn = [torch.ones(B, g.width, device=dev, dtype=others[0].dtype) for g in groups]
-    active = torch.ones(B, dtype=torch.bool, device=dev)
-    sweeps, lap_seconds = 0, 0.0
-    gen = generator if generator is not None else torch.Generator().manual_seed(0)
-    while sweeps < max_iter and bool(active.any()):
-        sweeps += 1
-        changed = torch.zeros(B, dtype=torch.bool, device=dev)
-        for h in torch.randperm(len(groups), generator=gen).tolist():
-            idx = active.nonzero().flatten()
-            cost = 0.0
-            for c in range(len(refs)):
-                w_in = wo[c][h][idx]                                      # [b, w, in]
-                if h > 0:  # columns follow the previous layer's current element
-                    p = perms[h - 1][idx]
-                    w_in = w_in.gather(2, p.unsqueeze(1).expand(-1, w_in.shape[1], -1)) * sgn[h - 1][idx].unsqueeze(1)
-                ref_in = wr[c][h] if wr[c][h].shape[0] == 1 else wr[c][h][idx]
-                cost = cost + ref_in @ w_in.transpose(1, 2)
-                if spec.bias:
-                    b_ref = br[c][h] if br[c][h].shape[0] == 1 else br[c][h][idx]
-                    cost = cost + b_ref.unsqueeze(2) * bo[c][h][idx].unsqueeze(1)
-                w_out = wo[c][h + 1][idx]                                 # [b, out, w]
-                if h + 1 < len(groups):  # rows follow the next layer's current element
-                    p = perms[h + 1][idx]
-                    w_out = w_out.gather(1, p.unsqueeze(2).expand(-1, -1, w_out.shape[2])) * sgn[h + 1][idx].unsqueeze(2)
-                ref_out = wr[c][h + 1] if wr[c][h + 1].shape[0] == 1 else wr[c][h + 1][idx]
-                cost = cost + ref_out.transpose(1, 2) @ w_out
-            t0 = time.perf_counter()
-            new = hungarian(cost.abs() if signs else cost)
-            lap_seconds += time.perf_counter() - t0
+def _shape_along(ndim: int, axis: int, n: int, width: int) -> list[int]:
+    shape = [1] * ndim
+    shape[0], shape[axis] = n, width
+    return shape
+
+
+class _Matcher:
+    """Coordinate descent of weight matching (Ainsworth et al., 2023, Alg. 1) over ``K`` candidate starting
+    points for each of ``B`` members at once (``K * B`` rows; row ``r`` is candidate ``r // B`` of member
+    ``r % B``), summed over parameter 'channels' (e.g. means and standard deviations), driven by the axes of
+    the symmetry spec. With ``signs`` every hidden neuron also carries a sign flip (odd activations)."""
+
+    def __init__(self, spec: NetSpec, refs: list[Tensor], others: list[Tensor], signs: bool, K: int):
+        self.spec, self.signs = spec, signs
+        self.sym = symmetry_spec(spec)
+        self.groups = self.sym.groups
+        self.acting = self.sym.acting_on
+        self.B, self.K = others[0].shape[0], K
+        self.dev, self.dtype = others[0].device, others[0].dtype
+        self.refs = [self._views(r) for r in refs]
+        self.others = [self._views(t) for t in others]
+        self.n_rows = self.K * self.B
+        self.perms = [torch.arange(g.width, device=self.dev).expand(self.n_rows, g.width).clone() for g in self.groups]
+        self.sgn = [torch.ones(self.n_rows, g.width, device=self.dev, dtype=self.dtype) for g in self.groups]
+        self.hungarian_seconds = 0.0
+
+    def _views(self, theta: Tensor) -> dict[tuple[str, int], Tensor]:
+        out = {("W", l): w for l, w in enumerate(self.spec.weights(theta))}
+        out.update({("b", l): b for l, b in enumerate(self.spec.biases(theta)) if b is not None})
+        return out
+
+    def _apply_others(self, t: Tensor, key: tuple[str, int], skip: int, rows: Tensor) -> Tensor:
+        """``t [n, ...]`` (member rows of one parameter tensor) with the current elements of every group
+        acting on it except ``skip`` applied (permutation, then sign)."""
+        for dim, h in self.acting.get(key, {}).items():
+            if h == skip:
+                continue
+            shape = _shape_along(t.dim(), dim + 1, t.shape[0], self.groups[h].width)
+            t = t.gather(dim + 1, self.perms[h][rows].reshape(shape).expand(t.shape))
+            if self.signs:
+                t = t * self.sgn[h][rows].reshape(shape)
+        return t
+
+    def cost(self, h: int, rows: Tensor, known: set[int] | None = None) -> Tensor:
+        """``[n, w, w]``: ``C[i, j]`` is the objective gained by placing old neuron ``j`` at position ``i`` of
+        hidden layer ``h`` for the given rows, with all other groups at their current elements. With
+        ``known``, only tensors whose other acted-on axes all belong to groups in ``known`` contribute (the
+        greedy initialisation, where later layers are not yet assigned)."""
+        members = rows % self.B
+        cost = 0.0
+        for ax in self.groups[h].axes:
+            key = (ax.kind, ax.layer)
+            if known is not None and any(g != h and g not in known for g in self.acting[key].values()):
+                continue
+            for ref, other in zip(self.refs, self.others):
+                r = ref[key] if ref[key].shape[0] == 1 else ref[key][members]
+                t = self._apply_others(other[key][members], key, h, rows)
+                r = r.movedim(ax.dim + 1, 1).reshape(r.shape[0], self.groups[h].width, -1)
+                t = t.movedim(ax.dim + 1, 1).reshape(t.shape[0], self.groups[h].width, -1)
+                cost = cost + r @ t.transpose(1, 2)
+        return cost
+
+    def update(self, h: int, rows: Tensor, known: set[int] | None = None) -> Tensor:
+        """One exact assignment step for layer ``h`` on ``rows``; returns which rows changed."""
+        cost = self.cost(h, rows, known)
+        t0 = time.perf_counter()
+        new = hungarian(cost.abs() if self.signs else cost)
+        self.hungarian_seconds += time.perf_counter() - t0
+        changed = (new != self.perms[h][rows]).any(1)
+        self.perms[h][rows] = new
+        if self.signs:
+            picked = cost.gather(2, new.unsqueeze(2)).squeeze(2)
+            new_sgn = torch.where(picked < 0, -1.0, 1.0).to(self.dtype)
+            changed |= (new_sgn != self.sgn[h][rows]).any(1)
+            self.sgn[h][rows] = new_sgn
+        return changed
+
+    def greedy(self, rows: Tensor, order: list[int]) -> None:
+        """Assign the layers one after another in ``order``, each from the tensors whose other axes are
+        already assigned: left to right this matches every neuron by its incoming weights given the
+        previous layer (as layer-wise OT fusion does, Singh & Jaggi, 2020), which recovers an exact
+        permuted copy in one pass."""
+        known: set[int] = set()
+        for h in order:
+            self.update(h, rows, known)
+            known.add(h)
+
+    def descend(self, max_iter: int, fixed: Tensor, generator: torch.Generator | None) -> tuple[Tensor, int]:
+        """Coordinate descent from the current elements. Each sweep visits the layers in the order ``fixed[k]``
+        (``[K_fixed, L]``) for the first candidates and in a fresh random order for the others (shared by all
+        members, so a member's result does not depend on the batch). A row stops when a full sweep changes
+        nothing. Returns ``(converged [K*B], sweeps)``."""
+        L = len(self.groups)
+        active = torch.ones(self.n_rows, dtype=torch.bool, device=self.dev)
+        candidate = torch.arange(self.n_rows, device=self.dev) // self.B
+        sweeps = 0
+        while sweeps < max_iter and bool(active.any()):
+            sweeps += 1
+            order = fixed
+            if self.K > fixed.shape[0]:
+                random = torch.rand(self.K - fixed.shape[0], L, generator=generator).argsort(1)
+                order = torch.cat([fixed, random])
+            order = order.to(self.dev)                                              # [K, L]
+            changed = torch.zeros(self.n_rows, dtype=torch.bool, device=self.dev)
+            for step in range(L):
+                visit = order[candidate, step]                                      # [K*B]
+                for h in range(L):
+                    rows = (active & (visit == h)).nonzero().flatten()
+                    if rows.numel():
+                        changed[rows] |= self.update(h, rows)
+            active &= changed
+        return ~active, sweeps
+
+    def element(self, k: int) -> tuple[list[Tensor], list[Tensor]]:
+        rows = slice(k * self.B, (k + 1) * self.B)
+        return [p[rows] for p in self.perms], [s[rows] for s in self.sgn]
+
+
+STARTS = ("forward", "backward", "identity")
+
+
+def _match(spec: NetSpec, refs: list[Tensor], others: list[Tensor], *, signs: bool, max_iter: int, restarts: int,
+           generator: torch.Generator | None, init: list[Tensor] | None, starts: Sequence[str] = STARTS) -> dict:
+    """Weight matching from several starts; returns the best candidate of every member and the diagnostics."""
+    if not isinstance(max_iter, int) or max_iter < 0:
+        raise ValueError(f"max_iter must be a non-negative integer; got {max_iter!r}")
+    if not isinstance(restarts, int) or restarts < 0:
+        raise ValueError(f"restarts must be a non-negative integer; got {restarts!r}")
+    starts = tuple(starts)
+    if not starts or len(set(starts)) != len(starts) or not set(starts) <= set(STARTS):
+        raise ValueError(f"starts must be distinct names from {STARTS}; got {starts!r}")
+    widths = symmetry_spec(spec).widths
+    B, L = others[0].shape[0], len(widths)
+    if init is not None:
+        if "identity" not in starts:
+            raise ValueError("init replaces the 'identity' start; include 'identity' in starts")
+        if len(init) != L:
+            raise ValueError(f"init needs one permutation per hidden layer ({L}); got {len(init)}")
+        init = [torch.as_tensor(p, device=others[0].device).reshape(-1, w).expand(B, w) for p, w in zip(init, widths)]
+        check_permutations(init, widths, "init")
+    # candidates: the named starts in order (greedy passes, identity or init), then the random restarts
+    K = len(starts) + restarts
+    m = _Matcher(spec, refs, others, signs, K)
+    rows = lambda k: torch.arange(k * B, (k + 1) * B, device=m.dev)  # noqa: E731
+    ascending = torch.arange(L)
+    orders = []
+    for k, name in enumerate(starts):
+        if name == "forward":
+            m.greedy(rows(k), ascending.tolist())
+        elif name == "backward":
+            m.greedy(rows(k), ascending.flip(0).tolist())
+        elif init is not None:
+            for h in range(L):
+                m.perms[h][rows(k)] = init[h].long()
+        orders.append(ascending.flip(0) if name == "backward" else ascending)
+    # random starts: a deterministic start relabelled by a random element Q_k (shared by all members). As a
+    # start this is as random as a uniform permutation, but when it is relabelled from a greedy solution the
+    # starting *network* does not depend on how theta's neurons happen to be ordered (equivariance).
+    anchor = next((k for k, name in enumerate(starts) if name != "identity"), 0)
+    for k in range(len(starts), K):
+        for h, w in enumerate(widths):
+            q = torch.rand(1, w, generator=generator).argsort(1).to(m.dev).expand(B, w)
+            m.perms[h][rows(k)] = m.perms[h][rows(anchor)].gather(1, q)
             if signs:
-                picked = cost.gather(2, new.unsqueeze(2)).squeeze(2)
-                sgn[h][idx] = torch.where(picked < 0, -1.0, 1.0).to(sgn[h])
-            changed[idx] |= (new != perms[h][idx]).any(1)
-            perms[h][idx] = new
-        active &= changed
-    return perms, sgn, {"sweeps": sweeps, "converged": not bool(active.any()), "hungarian_seconds": lap_seconds}
+                flips = (torch.rand(1, w, generator=generator) < 0.5).to(m.dtype).to(m.dev) * 2 - 1
+                m.sgn[h][rows(k)] = m.sgn[h][rows(anchor)].gather(1, q) * flips
+    converged, sweeps = m.descend(max_iter, torch.stack(orders), generator)
+    objective = torch.empty(K, B, dtype=others[0].dtype, device=m.dev)
+    for k in range(K):                           # a loop over starts: each scores the whole population
+        perms, sgn = m.element(k)
+        objective[k] = sum((ref * _act(spec, t, perms, sgn if signs else None)).sum(1)
+                           for ref, t in zip(refs, others))
+    best = objective.argmax(0)                   # the first of equally good candidates
+    pick = best * B + torch.arange(B, device=m.dev)
+    return {"perms": [p[pick] for p in m.perms], "signs": [s[pick] for s in m.sgn] if signs else None,
+            "objective": objective.gather(0, best.unsqueeze(0)).squeeze(0), "converged": converged[pick],
+            "sweeps": sweeps, "candidates": K, "hungarian_seconds": m.hungarian_seconds}
+
+
+def _act(spec: NetSpec, theta: Tensor, perms: list[Tensor], signs: list[Tensor] | None) -> Tensor:
+    moved = permute(spec, theta, perms)
+    return moved if signs is None else flip_signs(spec, moved, signs)
 
 
 # --------------------------------------------------------- weight matching
-def weight_matching(spec: MLPSpec, theta_ref: Tensor, theta: Tensor, *, max_iter: int = 100,
-                    generator: torch.Generator | None = None, init: list[Tensor] | None = None,
-                    return_info: bool = False):
+def weight_matching(spec: NetSpec, theta_ref: Tensor, theta: Tensor, *, max_iter: int = 100,
+                    starts: Sequence[str] = STARTS, restarts: int = 0, generator: torch.Generator | None = None,
+                    init: list[Tensor] | None = None) -> Alignment:
     """Weight matching (Ainsworth et al., 2023): find ``pi`` maximising ``sum_l <W_l^ref, P_l W_l P_{l-1}^T>
     + <b_l^ref, P_l b_l>`` by coordinate descent over layers with the Hungarian method.
 
+    Coordinate descent stops at local optima, and on narrow deep networks a start at the identity often
+    ends in one that is not the planted permutation of an exact copy. So every member is optimised from
+    several starting points at once, and the one with the largest objective is returned: a greedy pass from
+    the input layer (each layer matched by its incoming weights given the previous layer's match; this alone
+    recovers an exact permuted copy), the same pass from the output layer, the identity (or ``init``), and
+    ``restarts`` random relabellings of the greedy solution (``starts`` selects the deterministic ones). The
+    deterministic candidates sweep the layers in a fixed order (input to output; output to input for the backward one), the random ones in a
+    fresh random order per sweep; each stops when a full sweep changes nothing (see :class:`Alignment` for
+    what ``converged`` certifies). With the default ``restarts=0`` the result is deterministic (the
+    ``generator`` is not used); random restarts can raise the objective of unrelated networks a little more
+    at proportional cost. Apart from the identity start, every candidate's starting network is the same
+    for ``theta`` and for any permuted copy of it, so aligning an aligned population returns it unchanged.
+
     Aligns a whole zoo ``theta [B, D]`` to one reference ``[D]`` / ``[1, D]`` (or one reference per member)
-    in a batch. Convergence: a member stops when a full sweep over the layers (random order) changes
-    none of its permutations; at most ``max_iter`` sweeps. Returns ``(perms, aligned)`` (and a dict with
-    the number of sweeps, convergence and the seconds spent in Hungarian solves when ``return_info``).
+    in a batch; the layer orders and random starts are shared by all members, so a member's result does not
+    depend on the rest of the batch. Works for MLPs and CNNs. See chapter 5, "Alignment".
+
+    Args:
+        spec: the architecture.
+        theta_ref: reference network(s).
+        theta: population ``[B, D]`` to align.
+        max_iter: most sweeps over the layers per candidate.
+        starts: the deterministic starts, any of ``"forward"``, ``"backward"`` (greedy passes) and
+            ``"identity"`` (the classic start of Ainsworth et al.; ``init`` when given).
+        restarts: number of random starts in addition to the deterministic ones.
+        generator: randomness of the layer orders and random starts (``None``: torch's global generator).
+        init: a starting element (one ``[width]`` or ``[B, width]`` permutation per hidden layer) that replaces
+            the identity candidate, e.g. the result of another method.
     """
     _check_spec(spec)
     ref, theta = _pair(spec, theta_ref, theta)
-    perms, _, info = _wm_core(spec, [ref], [theta], signs=False, max_iter=max_iter, generator=generator, init=init)
-    aligned = permute(spec, theta, perms)
-    return (perms, aligned, info) if return_info else (perms, aligned)
+    out = _match(spec, [ref], [theta], signs=False, max_iter=max_iter, restarts=restarts, generator=generator,
+                 init=init, starts=starts)
+    return Alignment(perms=out["perms"], aligned=permute(spec, theta, out["perms"]), objective=out["objective"],
+                     converged=out["converged"], sweeps=out["sweeps"], candidates=out["candidates"],
+                     hungarian_seconds=out["hungarian_seconds"])
 
 
-def sign_aware_weight_matching(spec: MLPSpec, theta_ref: Tensor, theta: Tensor, *, max_iter: int = 100,
-                               generator: torch.Generator | None = None, return_info: bool = False):
+def sign_aware_weight_matching(spec: NetSpec, theta_ref: Tensor, theta: Tensor, *, max_iter: int = 100,
+                               starts: Sequence[str] = STARTS, restarts: int = 0,
+                               generator: torch.Generator | None = None) -> Alignment:
     """Weight matching over permutations *and* sign flips, for odd activations (tanh, sine): the Hungarian
     method on ``|C|`` picks the permutation and ``sign(C[i, perm[i]])`` the flip (Boufalis et al., 2025).
+    Same candidates and stopping rule as :func:`weight_matching` (the random starts also draw random signs).
 
-    Returns ``(perms, signs, aligned)`` with ``aligned = flip_signs(permute(theta, perms), signs)``.
+    Returns an :class:`Alignment` with ``signs`` and ``aligned = flip_signs(permute(theta, perms), signs)``.
+
+    Args:
+        spec: the architecture (odd activation).
+        theta_ref: reference network(s).
+        theta: population ``[B, D]`` to align.
+        max_iter: most sweeps over the layers per candidate.
+        starts: the deterministic starts (see :func:`weight_matching`).
+        restarts: number of random starting elements in addition to the deterministic ones.
+        generator: randomness of the layer orders and random starts (``None``: torch's global generator).
     """
     _check_spec(spec)
     if symmetry_spec(spec).scaling != "sign":
         raise ValueError(f"sign-aware matching needs an odd activation (tanh, sine); {spec} uses {spec.activation}")
     ref, theta = _pair(spec, theta_ref, theta)
-    perms, signs, info = _wm_core(spec, [ref], [theta], signs=True, max_iter=max_iter, generator=generator, init=None)
-    aligned = flip_signs(spec, permute(spec, theta, perms), signs)
-    return (perms, signs, aligned, info) if return_info else (perms, signs, aligned)
+    out = _match(spec, [ref], [theta], signs=True, max_iter=max_iter, restarts=restarts, generator=generator,
+                 init=None, starts=starts)
+    return Alignment(perms=out["perms"], aligned=_act(spec, theta, out["perms"], out["signs"]), signs=out["signs"],
+                     objective=out["objective"], converged=out["converged"], sweeps=out["sweeps"],
+                     candidates=out["candidates"], hungarian_seconds=out["hungarian_seconds"])
 
 
-def variational_matching(spec: MLPSpec, mean_ref: Tensor, std_ref: Tensor, mean: Tensor, std: Tensor, *,
-                         max_iter: int = 100, generator: torch.Generator | None = None):
+def variational_matching(spec: NetSpec, mean_ref: Tensor, std_ref: Tensor, mean: Tensor, std: Tensor, *,
+                         max_iter: int = 100, restarts: int = 0,
+                         generator: torch.Generator | None = None) -> GaussianAlignment:
     """Align mean-field Gaussians ``N(mean, diag(std^2))`` (Rossi et al., 2023): minimise the squared
     2-Wasserstein distance ``||mu_ref - P mu||^2 + ||sigma_ref - P sigma||^2`` over permutations, i.e. weight
-    matching on means and standard deviations together. Returns ``(perms, mean_aligned, std_aligned)``."""
+    matching on means and standard deviations together (same candidates as :func:`weight_matching`).
+
+    Args:
+        spec: the architecture.
+        mean_ref, std_ref: the reference Gaussian(s).
+        mean, std: the population of Gaussians ``[B, D]`` to align.
+        max_iter: most sweeps over the layers per candidate.
+        restarts: number of random starting permutations in addition to the deterministic ones.
+        generator: randomness of the layer orders and random starts (``None``: torch's global generator).
+    """
     _check_spec(spec)
     mref, mean = _pair(spec, mean_ref, mean)
     sref, std = _pair(spec, std_ref, std)
@@ -166,30 +400,44 @@ def variational_matching(spec: MLPSpec, mean_ref: Tensor, std_ref: Tensor, mean:
         raise ValueError(f"mean and std must have the same shape; got {tuple(mean.shape)} and {tuple(std.shape)}")
     if bool((std < 0).any()) or bool((std_ref < 0).any()):
         raise ValueError("standard deviations must be non-negative")
-    perms, _, _ = _wm_core(spec, [mref, sref], [mean, std], signs=False, max_iter=max_iter, generator=generator,
-                           init=None)
-    return perms, permute(spec, mean, perms), permute(spec, std, perms)
+    out = _match(spec, [mref, sref], [mean, std], signs=False, max_iter=max_iter, restarts=restarts,
+                 generator=generator, init=None)
+    return GaussianAlignment(perms=out["perms"], mean=permute(spec, mean, out["perms"]),
+                             std=permute(spec, std, out["perms"]), objective=out["objective"],
+                             converged=out["converged"], sweeps=out["sweeps"], candidates=out["candidates"])
 
 
 # ----------------------------------------------------- activation matching
-def activation_statistics(spec: MLPSpec, theta_ref: Tensor, theta: Tensor, x: Tensor, *,
+def activation_statistics(spec: NetSpec, theta_ref: Tensor, theta: Tensor, x: Tensor, *,
                           batch_size: int = 512, statistic: str = "correlation") -> list[Tensor]:
     """Per hidden layer, the ``[B, w, w]`` similarity of reference neuron ``i`` and neuron ``j`` of each member,
     from post-activations streamed over data batches: ``inner`` = mean of ``h_ref_i h_j``, ``correlation`` =
-    Pearson correlation (Li et al., 2016; Ainsworth et al., 2023)."""
+    Pearson correlation (Li et al., 2016; Ainsworth et al., 2023). For a CNN every pixel of every image is
+    one sample of a channel's activation.
+
+    Args:
+        spec: the architecture.
+        theta_ref: reference network(s).
+        theta: population ``[B, D]``.
+        x: inputs ``[N, ...]``, streamed in batches of ``batch_size``.
+        batch_size: inputs per forward pass.
+        statistic: ``"correlation"`` or ``"inner"``.
+    """
     if statistic not in ("inner", "correlation"):
         raise ValueError(f"statistic must be 'inner' or 'correlation'; got {statistic!r}")
     ref, theta = _pair(spec, theta_ref, theta)
-    if x.dim() != 2 or x.shape[1] != spec.widths[0]:
-        raise ValueError(f"x must be [N, {spec.widths[0]}]; got {tuple(x.shape)}")
-    L, n = spec.n_layers - 1, x.shape[0]
+    if x.dim() < 2 or x.shape[0] < 1:
+        raise ValueError(f"x must be a batch of inputs [N, ...]; got {tuple(x.shape)}")
+    L = spec.n_layers - 1
     cross = [0.0] * L
     s_ref, s, q_ref, q = [0.0] * L, [0.0] * L, [0.0] * L, [0.0] * L
+    n = 0
     with torch.no_grad():
-        for start in range(0, n, batch_size):
+        for start in range(0, x.shape[0], batch_size):
             xb = x[start:start + batch_size].to(theta)
             _, h_ref = spec.forward(ref, xb, return_hidden=True)
             _, h = spec.forward(theta, xb, return_hidden=True)
+            n += h[0].shape[1]
             for l in range(L):
                 cross[l] = cross[l] + h_ref[l].transpose(1, 2) @ h[l]
                 s_ref[l] = s_ref[l] + h_ref[l].sum(1)
@@ -209,26 +457,37 @@ def activation_statistics(spec: MLPSpec, theta_ref: Tensor, theta: Tensor, x: Te
     return out
 
 
-def activation_matching(spec: MLPSpec, theta_ref: Tensor, theta: Tensor, x: Tensor, *, batch_size: int = 512,
-                        statistic: str = "correlation", signs: bool = False):
+def activation_matching(spec: NetSpec, theta_ref: Tensor, theta: Tensor, x: Tensor, *, batch_size: int = 512,
+                        statistic: str = "correlation", signs: bool = False) -> Alignment:
     """Activation matching (Ainsworth et al., 2023): match each hidden layer's neurons by the similarity of
     their post-activations on data (one Hungarian problem per layer; layers are independent because
     a network's hidden activations are a function of the network alone, only their order changes).
 
     With ``signs`` (tanh, sine) the Hungarian method runs on ``|C|`` and the sign of the matched entry gives
-    the flip. Returns ``(perms, aligned)``, or ``(perms, signs, aligned)`` with ``signs``.
+    the flip. Returns an :class:`Alignment` (``signs`` is ``None`` unless asked for).
+
+    Args:
+        spec: the architecture.
+        theta_ref: reference network(s).
+        theta: population ``[B, D]`` to align.
+        x: inputs ``[N, ...]`` the activations are computed on.
+        batch_size: inputs per streamed batch.
+        statistic: ``"correlation"`` or ``"inner"``.
+        signs: also match sign flips (odd activations).
     """
     _check_spec(spec)
     if signs and symmetry_spec(spec).scaling != "sign":
         raise ValueError(f"signs=True needs an odd activation (tanh, sine); {spec} uses {spec.activation}")
     ref, theta = _pair(spec, theta_ref, theta)
     stats = activation_statistics(spec, ref, theta, x, batch_size=batch_size, statistic=statistic)
+    t0 = time.perf_counter()
     perms = [hungarian(c.abs() if signs else c) for c in stats]
+    seconds = time.perf_counter() - t0
     aligned = permute(spec, theta, perms)
     if not signs:
-        return perms, aligned
+        return Alignment(perms=perms, aligned=aligned, hungarian_seconds=seconds)
     flips = [torch.where(c.gather(2, p.unsqueeze(2)).squeeze(2) < 0, -1.0, 1.0).to(theta) for c, p in zip(stats, perms)]
-    return perms, flips, flip_signs(spec, aligned, flips)
+    return Alignment(perms=perms, aligned=flip_signs(spec, aligned, flips), signs=flips, hungarian_seconds=seconds)
 
 
 # -------------------------------------------------------- Sinkhorn re-basin
@@ -246,24 +505,38 @@ def sinkhorn(log_alpha: Tensor, n_iter: int = 20) -> Tensor:
 SINKHORN_LOSSES = ("l2", "midpoint", "random")
 
 
-def sinkhorn_matching(spec: MLPSpec, theta_ref: Tensor, theta: Tensor, x: Tensor | None = None,
+def sinkhorn_matching(spec: NetSpec, theta_ref: Tensor, theta: Tensor, x: Tensor | None = None,
                       y: Tensor | None = None, *, loss: str = "l2", steps: int = 200, lr: float = 0.1,
                       tau: float = 1.0, n_iter: int = 20, batch_size: int = 256, init: list[Tensor] | None = None,
-                      init_strength: float = 5.0, task_loss: str = "cross_entropy",
-                      generator: torch.Generator | None = None, return_soft: bool = False):
+                      init_strength: float = 5.0, task: str = "classification",
+                      generator: torch.Generator | None = None) -> Alignment:
     """Sinkhorn re-basin (Pena et al., 2023): learn score matrices ``M_l``, relax permutations to the doubly
-    stochastic ``P_l = Sinkhorn(M_l / tau)``, apply them by einsum and minimise
+    stochastic ``P_l = Sinkhorn(M_l / tau)``, apply them by batched products and minimise
 
     - ``l2``: ``||theta_ref - P(theta)||^2`` (no data);
     - ``midpoint``: the task loss of ``(theta_ref + P(theta)) / 2`` on data batches;
     - ``random``: the task loss of ``(1 - lam) theta_ref + lam P(theta)``, ``lam ~ U(0, 1)`` per step.
 
     All members are optimised at once (one Adam over ``[B, w, w]`` leaves). The result is hardened with the
-    Hungarian method on ``P_l``. ``init`` (e.g. weight matching's permutations) starts ``M_l`` at
-    ``init_strength`` times the one-hot matrices. Returns ``(perms, aligned)`` (plus the soft matrices with
-    ``return_soft``).
+    Hungarian method on ``P_l``; the soft matrices are returned in ``soft``.
+
+    Args:
+        spec: the architecture.
+        theta_ref: reference network(s).
+        theta: population ``[B, D]`` to align.
+        x, y: data for the ``midpoint`` and ``random`` losses.
+        loss: ``"l2"``, ``"midpoint"`` or ``"random"``.
+        steps, lr: Adam steps and learning rate on the scores.
+        tau: Sinkhorn temperature; n_iter: Sinkhorn iterations per step.
+        batch_size: data points per step.
+        init: starting permutations (e.g. weight matching's); scores start at ``init_strength`` times
+            their one-hot matrices.
+        task: ``"classification"`` (cross-entropy) or ``"regression"`` (squared error) for the data losses.
+        generator: randomness of the score initialisation, data batches and ``lam`` (``None``: torch's
+            global generator).
     """
     _check_spec(spec)
+    check_task(task)
     if loss not in SINKHORN_LOSSES:
         raise ValueError(f"loss must be one of {SINKHORN_LOSSES}; got {loss!r}")
     if loss != "l2" and (x is None or y is None):
@@ -272,12 +545,14 @@ def sinkhorn_matching(spec: MLPSpec, theta_ref: Tensor, theta: Tensor, x: Tensor
         raise ValueError(f"need tau > 0 and steps >= 0; got tau={tau}, steps={steps}")
     ref, theta = _pair(spec, theta_ref, theta)
     B, widths = theta.shape[0], symmetry_spec(spec).widths
-    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    if init is not None:
+        init = [torch.as_tensor(p, device=theta.device).reshape(-1, w).expand(B, w) for p, w in zip(init, widths)]
+        check_permutations(init, widths, "init")
     scores = []
     for h, w in enumerate(widths):
-        m = 1e-3 * torch.randn(B, w, w, generator=gen).to(theta)
+        m = 1e-3 * torch.randn(B, w, w, generator=generator).to(theta)
         if init is not None:
-            m = m + init_strength * torch.nn.functional.one_hot(init[h].long().expand(B, -1), w).to(theta)
+            m = m + init_strength * torch.nn.functional.one_hot(init[h].long(), w).to(theta)
         scores.append(m.requires_grad_(True))
     opt = torch.optim.Adam(scores, lr=lr)
     ref_b = ref.expand(B, -1)
@@ -287,10 +562,10 @@ def sinkhorn_matching(spec: MLPSpec, theta_ref: Tensor, theta: Tensor, x: Tensor
         if loss == "l2":
             objective = ((ref_b - moved) ** 2).sum()
         else:
-            idx = torch.randint(0, x.shape[0], (min(batch_size, x.shape[0]),), generator=gen).to(x.device)
-            lam = 0.5 if loss == "midpoint" else torch.rand(B, 1, generator=gen).to(theta)
+            idx = torch.randint(0, x.shape[0], (min(batch_size, x.shape[0]),), generator=generator).to(x.device)
+            lam = 0.5 if loss == "midpoint" else torch.rand(B, 1, generator=generator).to(theta)
             mix = (1 - lam) * ref_b + lam * moved
-            objective = per_member_loss(spec, mix, x[idx], y[idx], task_loss).sum()
+            objective = per_member_loss(spec, mix, x[idx], y[idx], TASK_LOSS[task]).sum()
         if not torch.isfinite(objective):
             raise FloatingPointError(f"Sinkhorn objective became {objective.item()} at step {step}; lower lr")
         opt.zero_grad(set_to_none=True)
@@ -298,6 +573,7 @@ def sinkhorn_matching(spec: MLPSpec, theta_ref: Tensor, theta: Tensor, x: Tensor
         opt.step()
     with torch.no_grad():
         P = [sinkhorn(m / tau, n_iter) for m in scores]
+    t0 = time.perf_counter()
     perms = [hungarian(p) for p in P]
-    aligned = permute(spec, theta, perms)
-    return (perms, aligned, P) if return_soft else (perms, aligned)
+    seconds = time.perf_counter() - t0
+    return Alignment(perms=perms, aligned=permute(spec, theta, perms), hungarian_seconds=seconds, soft=P)
