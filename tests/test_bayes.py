@@ -184,6 +184,22 @@ def test_laplace_ggn_full_and_diag_agree_on_the_diagonal():
     assert torch.linalg.eigvalsh(full).min() > -1e-5  # positive semi-definite
 
 
+def test_every_method_returns_draw_major_samples(linreg):
+    """[n, D] draw-major with the chain / run / member of each row, for trajectories, Laplace and VI alike."""
+    lp, g = linreg["lp"], torch.Generator().manual_seed(4)
+    traj = bayes.sgd_trajectory(lp, 3, 2, steps=40, lr=0.05, generator=g, progress=False)
+    assert traj.samples.shape == (6, 3) and traj.chain.tolist() == [0, 1, 2, 0, 1, 2]
+    assert traj.by_chain().shape == (2, 3, 3) and torch.equal(traj.by_chain()[1, 2], traj.samples[5])
+    fit = bayes.fit_map(lp, torch.zeros(2, 3, dtype=torch.float64), steps=300, lr=0.05, progress=False)
+    la = bayes.fit_laplace(lp, fit.theta + torch.tensor([[0.0], [5.0]], dtype=torch.float64), tune_prior=False)
+    draws = la.sample(5, torch.Generator().manual_seed(0))
+    assert draws.samples.shape == (5, 3) and draws.chain.tolist() == [0, 1, 0, 1, 0] and draws.n_chains == 2
+    # each row comes from its own member: member 1's mean is shifted by 5
+    assert ((draws.samples - la.mean[draws.chain]).abs() < 1.0).all()
+    with pytest.raises(ValueError, match="multiple of n_chains"):
+        draws.by_chain()
+
+
 def test_ensemble_members_are_independent_map_solutions():
     from wsbook import data
 

@@ -182,3 +182,23 @@ def test_minibatches_cover_each_epoch_once_per_member():
     assert Minibatches(10, None).__call__(0) is None and Minibatches(10, 10)(0) is None
     with pytest.raises(ValueError, match="batch_size"):
         Minibatches(10, 0)
+
+
+def test_descend_schedule_ema_and_checkpoint_hooks():
+    """The loop steps the cosine schedule to min_lr, keeps an EMA, calls on_step once per step, and the
+    history of a per-member loss is [steps, B]."""
+    from wsbook.loop import EMA, descend, make_optimizer
+
+    model = torch.nn.Linear(2, 1)
+    ema = EMA(model, 0.5)
+    opt = make_optimizer(model.parameters(), "adamw", lr=0.1)
+    seen = []
+    x = torch.randn(8, 2, generator=torch.Generator().manual_seed(0))
+    run = descend(lambda s: ((model(x) - 1) ** 2).view(4, 2).mean(1), opt, 30, schedule="cosine", min_lr=0.01,
+                  ema=ema, on_step=seen.append, progress=False)
+    assert run.losses.shape == (30, 4) and seen == list(range(30))
+    assert abs(opt.param_groups[0]["lr"] - 0.01) < 1e-9
+    assert (run.losses[-1] < run.losses[0]).all()
+    assert not torch.equal(ema.module.weight, model.weight)                 # lags behind the model
+    with pytest.raises(ValueError, match="optimizer"):
+        make_optimizer(model.parameters(), "lbfgs", lr=0.1)

@@ -81,8 +81,19 @@ def hmc(log_posterior: LogDensity, theta0: Tensor, *, n_samples: int, n_warmup: 
     averaging during ``n_warmup`` iterations and are then frozen. A proposal whose energy is non-finite or
     whose energy error exceeds ``max_energy_error`` is rejected and counted in ``n_divergent`` (never accepted).
     ``n_samples`` draws per chain are kept after warm-up, every ``thin``-th iteration; the result holds them
-    as ``[n_samples * C, D]`` draw-major (see :class:`~wsbook.bayes.samples.SampleResult`). ``generator``
-    drives momenta, jitter and acceptance (``None``: torch's global generator).
+    as ``[n_samples * C, D]`` draw-major (see :class:`~wsbook.bayes.samples.SampleResult`).
+    See chapter 2, "Inference".
+
+    Args:
+        log_posterior: ``log_posterior(theta [C, D]) -> [C]``, e.g. a :class:`~wsbook.bayes.model.LogPosterior`.
+        theta0: starting points ``[C, D]``, one per chain.
+        n_samples: draws kept per chain; n_warmup: adaptation iterations; thin: keep every ``thin``-th.
+        n_leapfrog: leapfrog steps per trajectory; step_size: initial step size; jitter: relative jitter.
+        target_accept: acceptance rate the dual averaging aims at.
+        max_energy_error: energy errors above this count as divergences.
+        dtype: precision of positions, momenta and energies; compute_dtype: precision of the network.
+        generator: random stream of momenta, jitter and acceptance (``None``: torch's global generator).
+        progress: show a progress bar.
     """
     if theta0.dim() != 2:
         raise ValueError(f"theta0 must be [C, D] (one row per chain); got {tuple(theta0.shape)}")

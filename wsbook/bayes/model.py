@@ -18,6 +18,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from wsbook import config
 from wsbook.nets import MLPSpec, check_task
 
 #: The likelihood family of each task kind.
@@ -60,9 +61,10 @@ class GaussianPrior:
 
     def sample(self, spec: MLPSpec, n: int, generator: torch.Generator | None = None,
                device: torch.device | str | None = None) -> Tensor:
-        """``n`` draws from the prior, ``[n, D]``."""
+        """``n`` draws from the prior, ``[n, D]``, on ``device`` (default :func:`wsbook.config.device`, as
+        :meth:`MLPSpec.init`); drawn on the CPU from ``generator`` so a seed gives the same draws everywhere."""
         s = self.stds(spec)
-        return (torch.randn(n, spec.n_params, generator=generator) * s).to(device or "cpu")
+        return (torch.randn(n, spec.n_params, generator=generator) * s).to(device or config.device())
 
 
 def as_prior(prior: GaussianPrior | float | Sequence[float]) -> GaussianPrior:
