@@ -154,7 +154,8 @@ def test_every_method_targets_the_same_tempered_posterior(temperature):
     N, d, sigma, s = 30, 3, 0.8, 0.4
     q, _ = torch.linalg.qr(torch.randn(N, d, generator=g, dtype=torch.float64))
     X = q * torch.tensor([1.5, 3.0, 5.0], dtype=torch.float64)
-    y = X @ torch.tensor([0.7, -0.4, 0.2], dtype=torch.float64) + sigma * torch.randn(N, generator=g, dtype=torch.float64)
+    noise = sigma * torch.randn(N, generator=g, dtype=torch.float64)
+    y = X @ torch.tensor([0.7, -0.4, 0.2], dtype=torch.float64) + noise
     spec = MLPSpec((d, 1), bias=False)
     lp = bayes.LogPosterior(spec, X, y[:, None], s, "regression", noise_std=sigma, temperature=temperature)
     prec = (X * X).sum(0) / sigma**2 + 1 / s**2                           # untempered, diagonal

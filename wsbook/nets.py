@@ -364,7 +364,7 @@ def train_population(
     A batch larger than ``chunk_size`` points is processed in chunks whose gradients are accumulated
     (the step is unchanged; activations stay in cache, which doubles full-batch throughput on a CPU).
     The steps run in :func:`wsbook.loop.descend` (fused optimizer, NaN check every step, progress, history).
-    See chapter 1, "A population is a tensor".
+    See chapter 1, "Many networks, one tensor".
 
     Args:
         spec: the architecture of every member.

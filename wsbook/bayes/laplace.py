@@ -4,7 +4,7 @@ The posterior precision is approximated by the generalized Gauss-Newton matrix p
 both divided by the temperature ``T`` of the tempered posterior ``p_T ∝ exp((log prior + log lik) / T)``
 (the target every method of :mod:`wsbook.bayes` shares),
 
-    P = (sum_n J_n^T Lambda_n J_n + delta I) / T,     J_n = d f(x_n) / d theta,   Lambda_n = -d^2 log p(y_n | f) / d f^2,
+    P = (sum_n J_n^T Lambda_n J_n + delta I) / T,   J_n = d f(x_n) / d theta,   Lambda_n = -d^2 log p(y_n | f) / d f^2,
 
 kept ``full`` (eigendecomposition, small networks) or ``diag`` (its diagonal, larger networks), for every
 member of a ``[B, D]`` population of MAP solutions at once. The prior precision ``delta`` is tuned per member by

@@ -50,7 +50,7 @@ class FlowTrainResult:
 def train_flow(model: nn.Module, target: Sampler, source: Sampler, *, path, coupling, steps: int,
                batch_size: int = 256, lr: float = 1e-3, ema_decay: float = 0.99, weight_decay: float = 0.0,
                generator: torch.Generator | None = None, progress: bool | None = None) -> FlowTrainResult:
-    """Train ``model`` = v_theta(t, x) with CFM (see chapter 3, "Conditional flow matching").
+    """Train ``model`` = v_theta(t, x) with CFM (see chapter 3, "Training, couplings and conditional paths").
 
     Every step draws x0 from ``source`` and x1 from ``target``, pairs them with ``coupling``, draws
     t ~ U(0, 1) and takes an AdamW step (cosine learning-rate decay to ``0.05 lr``) in
