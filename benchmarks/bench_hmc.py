@@ -51,9 +51,9 @@ def main() -> None:
     t_loop, runs = min((timed(lambda: [bayes.hmc(lp, theta0[i:i + 1], generator=torch.Generator().manual_seed(100 + i),
                                                  **SETTINGS) for i in range(CHAINS)]) for _ in range(REPEATS)),
                        key=lambda r: r[0])
-    looped = torch.cat([r.samples for r in runs], dim=1)                   # [S, C, D]
+    looped = torch.cat([r.by_chain() for r in runs], dim=1)                # [S, C, D]
 
-    ess_b, ess_l = function_ess(task, batched.samples), function_ess(task, looped)
+    ess_b, ess_l = function_ess(task, batched.by_chain()), function_ess(task, looped)
     print("name, ours, baseline, ratio")
     print(f"hmc_{CHAINS}_chains_seconds, {t_batched:.2f}, {t_loop:.2f}, {t_loop / t_batched:.1f}")
     print(f"hmc_ess_per_second, {ess_b / t_batched:.2f}, {ess_l / t_loop:.2f}, "

@@ -23,7 +23,7 @@ def linreg():
     X = torch.randn(N, d, generator=g, dtype=torch.float64)
     y = X @ torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64) + sigma * torch.randn(N, generator=g, dtype=torch.float64)
     spec = MLPSpec((d, 1), bias=False)
-    lp = bayes.LogPosterior(spec, X, y[:, None], s, "gaussian", noise_std=sigma)
+    lp = bayes.LogPosterior(spec, X, y[:, None], s, "regression", noise_std=sigma)
     precision = X.T @ X / sigma**2 + torch.eye(d, dtype=torch.float64) / s**2
     cov = torch.linalg.inv(precision)
     mean = cov @ X.T @ y / sigma**2
@@ -48,7 +48,7 @@ def test_log_likelihood_matches_analytic_densities():
     assert torch.allclose(bayes.log_likelihood(spec, theta, x, y), expected, atol=1e-5)
     yr = torch.randn(5, 3, generator=g)
     expected = torch.distributions.Normal(logits, 0.3).log_prob(yr).sum((1, 2))
-    assert torch.allclose(bayes.log_likelihood(spec, theta, x, yr, "gaussian", 0.3), expected, atol=1e-4)
+    assert torch.allclose(bayes.log_likelihood(spec, theta, x, yr, "regression", 0.3), expected, atol=1e-4)
     prior = bayes.GaussianPrior((0.5, 2.0)) if spec.n_layers == 2 else bayes.GaussianPrior(0.5)
     lp = prior.log_prob(spec, theta)
     assert torch.allclose(lp, torch.distributions.Normal(0.0, 0.5).log_prob(theta).sum(1), atol=1e-4)
@@ -61,24 +61,26 @@ def test_minibatch_log_posterior_is_unbiased_and_tempered(linreg):
     idx = torch.arange(40).view(4, 10)
     per_batch = torch.stack([lp.log_likelihood(theta, idx[k]) for k in range(4)])
     assert torch.allclose(per_batch.mean(0), full)
-    cold = bayes.LogPosterior(lp.spec, lp.x, lp.y, 1.0, "gaussian", noise_std=lp.noise_std, temperature=0.5)
+    cold = bayes.LogPosterior(lp.spec, lp.x, lp.y, 1.0, "regression", noise_std=lp.noise_std, temperature=0.5)
     assert torch.allclose(cold(theta), 2 * lp(theta))
 
 
 def test_hmc_recovers_conjugate_posterior(linreg):
     r = bayes.hmc(linreg["lp"], torch.zeros(16, 3), n_samples=150, n_warmup=100, n_leapfrog=10, step_size=0.01,
                   generator=torch.Generator().manual_seed(0), progress=False)
-    assert r.samples.shape == (150, 16, 3) and r.samples.dtype == torch.float64
+    assert r.samples.shape == (150 * 16, 3) and r.samples.dtype == torch.float64    # [n, D], draw-major
+    assert r.chain[:16].tolist() == list(range(16)) and r.by_chain().shape == (150, 16, 3)
+    assert r.log_prob.shape == (150 * 16,)
     assert 0.6 < r.accept_rate.mean() < 1.0
-    _check_moments(r.flat(), linreg["mean"], linreg["cov"], tol_mean=0.15, tol_std=0.1)
-    assert (bayes.split_rhat(r.samples) < 1.05).all()
+    _check_moments(r.samples, linreg["mean"], linreg["cov"], tol_mean=0.15, tol_std=0.1)
+    assert (bayes.split_rhat(r.by_chain()) < 1.05).all()
     # network evaluated in float32, Hamiltonian and positions in float64
-    lp32 = bayes.LogPosterior(linreg["spec"], linreg["X"].float(), linreg["y"][:, None].float(), 1.0, "gaussian",
+    lp32 = bayes.LogPosterior(linreg["spec"], linreg["X"].float(), linreg["y"][:, None].float(), 1.0, "regression",
                               noise_std=linreg["sigma"])
     r32 = bayes.hmc(lp32, torch.zeros(16, 3), n_samples=100, n_warmup=100, n_leapfrog=10, step_size=0.01,
                     compute_dtype=torch.float32, generator=torch.Generator().manual_seed(0), progress=False)
     assert r32.samples.dtype == torch.float64
-    _check_moments(r32.flat(), linreg["mean"], linreg["cov"], tol_mean=0.2, tol_std=0.15)
+    _check_moments(r32.samples, linreg["mean"], linreg["cov"], tol_mean=0.2, tol_std=0.15)
 
 
 def test_sgld_and_sghmc_recover_conjugate_posterior(linreg):
@@ -86,10 +88,10 @@ def test_sgld_and_sghmc_recover_conjugate_posterior(linreg):
     lp = linreg["lp"]
     r = bayes.sgld(lp, torch.zeros(16, 3, dtype=torch.float64), n_samples=400, n_burnin=300, lr=1e-3, thin=2,
                    batch_size=20, schedule="constant", generator=g, progress=False)
-    _check_moments(r.flat(), linreg["mean"], linreg["cov"], tol_mean=0.25, tol_std=0.2)
+    _check_moments(r.samples, linreg["mean"], linreg["cov"], tol_mean=0.25, tol_std=0.2)
     r = bayes.sghmc(lp, torch.zeros(16, 3, dtype=torch.float64), n_samples=400, n_burnin=300, lr=1e-4,
                     friction=0.1, thin=2, generator=g, progress=False)
-    _check_moments(r.flat(), linreg["mean"], linreg["cov"], tol_mean=0.25, tol_std=0.2)
+    _check_moments(r.samples, linreg["mean"], linreg["cov"], tol_mean=0.25, tol_std=0.2)
 
 
 def test_vi_recovers_a_diagonal_gaussian_posterior():
@@ -101,11 +103,12 @@ def test_vi_recovers_a_diagonal_gaussian_posterior():
     y = X @ torch.tensor([0.5, -1.0, 0.2, 0.3], dtype=torch.float64) + sigma * torch.randn(N, generator=g,
                                                                                          dtype=torch.float64)
     spec = MLPSpec((d, 1), bias=False)
-    lp = bayes.LogPosterior(spec, X, y[:, None], 1.0, "gaussian", noise_std=sigma)
+    lp = bayes.LogPosterior(spec, X, y[:, None], 1.0, "regression", noise_std=sigma)
     prec = (X * X).sum(0) / sigma**2 + 1.0
     mean, sd = (X.T @ y / sigma**2) / prec, prec.rsqrt()
     post = bayes.fit_vi(lp, n_members=3, steps=3000, lr=2e-2, n_mc=8, init_std=0.1, generator=g, progress=False)
-    assert post.mean.shape == (3, d) and post.sample(5).shape == (3, 5, d)
+    draws = post.sample(7)
+    assert post.mean.shape == (3, d) and draws.samples.shape == (7, d) and draws.chain.tolist() == [0, 1, 2] * 2 + [0]
     assert ((post.mean - mean).abs() / sd).max() < 0.2
     assert ((post.std / sd) - 1).abs().max() < 0.1
 
@@ -118,7 +121,7 @@ def test_fit_mean_field_interface():
     q = bayes.fit_mean_field(spec, ds.x_train, ds.y_train, n_members=3, steps=50, batch_size=32,
                              generator=torch.Generator().manual_seed(0), progress=False)
     assert q.mean.shape == q.std.shape == (3, spec.n_params)
-    assert (q.std > 0).all() and q.sample(4).shape == (3, 4, spec.n_params)
+    assert (q.std > 0).all() and q.sample(4).samples.shape == (4, spec.n_params)
     assert not torch.allclose(q.mean[0], q.mean[1])  # independent inits
 
 
@@ -141,14 +144,61 @@ def test_laplace_on_linear_regression_is_exact(linreg):
     assert torch.allclose(f.var(0), (X[:5] @ linreg["cov"] * X[:5]).sum(1), rtol=0.1)
 
 
+@pytest.mark.parametrize("temperature", [0.25, 2.0])
+def test_every_method_targets_the_same_tempered_posterior(temperature):
+    """Issue 10, item 1: p_T ∝ exp((log prior + log lik) / T) is N(m, T S) for a linear-Gaussian model with
+    posterior N(m, S). HMC, Laplace and mean-field VI must all target it (a prior of std 0.4 makes prior and
+    likelihood tempering differ by a lot; an orthogonal design makes the exact posterior diagonal, which
+    mean-field VI can represent)."""
+    g = torch.Generator().manual_seed(11)
+    N, d, sigma, s = 30, 3, 0.8, 0.4
+    q, _ = torch.linalg.qr(torch.randn(N, d, generator=g, dtype=torch.float64))
+    X = q * torch.tensor([1.5, 3.0, 5.0], dtype=torch.float64)
+    noise = sigma * torch.randn(N, generator=g, dtype=torch.float64)
+    y = X @ torch.tensor([0.7, -0.4, 0.2], dtype=torch.float64) + noise
+    spec = MLPSpec((d, 1), bias=False)
+    lp = bayes.LogPosterior(spec, X, y[:, None], s, "regression", noise_std=sigma, temperature=temperature)
+    prec = (X * X).sum(0) / sigma**2 + 1 / s**2                           # untempered, diagonal
+    mean, var = (X.T @ y / sigma**2) / prec, temperature / prec         # the tempered posterior
+    sd = var.sqrt()
+    fit = bayes.fit_map(lp, torch.zeros(1, d, dtype=torch.float64), steps=800, lr=0.05, progress=False)
+    assert torch.allclose(fit.theta[0], mean, atol=1e-6)
+    la = bayes.fit_laplace(lp, fit.theta, tune_prior=False)
+    torch.testing.assert_close(torch.diagonal(la.covariance()[0]), var, rtol=1e-8, atol=0)
+    la_draws = la.sample(4000, torch.Generator().manual_seed(0)).samples
+    assert ((la_draws.std(0) / sd) - 1).abs().max() < 0.05
+    vi = bayes.fit_vi(lp, n_members=2, steps=2500, lr=2e-2, n_mc=8, init_std=0.1, generator=g, progress=False)
+    assert ((vi.mean - mean).abs() / sd).max() < 0.1
+    assert ((vi.std / sd) - 1).abs().max() < 0.1
+    r = bayes.hmc(lp, torch.zeros(8, d, dtype=torch.float64), n_samples=400, n_warmup=100, n_leapfrog=10,
+                  step_size=0.02, generator=torch.Generator().manual_seed(1), progress=False)
+    _check_moments(r.samples, mean, torch.diag(var), tol_mean=0.15, tol_std=0.1)
+
+
 def test_laplace_ggn_full_and_diag_agree_on_the_diagonal():
     g = torch.Generator().manual_seed(0)
     spec = MLPSpec((3, 4, 2))
     theta = spec.init(2, generator=g)
     x = torch.randn(7, 3, generator=g)
-    full, diag = bayes.ggn(spec, theta, x, "categorical"), bayes.ggn(spec, theta, x, "categorical", kind="diag")
+    full, diag = bayes.ggn(spec, theta, x, "classification"), bayes.ggn(spec, theta, x, "classification", kind="diag")
     assert torch.allclose(torch.diagonal(full, dim1=1, dim2=2), diag, atol=1e-6)
     assert torch.linalg.eigvalsh(full).min() > -1e-5  # positive semi-definite
+
+
+def test_every_method_returns_draw_major_samples(linreg):
+    """[n, D] draw-major with the chain / run / member of each row, for trajectories, Laplace and VI alike."""
+    lp, g = linreg["lp"], torch.Generator().manual_seed(4)
+    traj = bayes.sgd_trajectory(lp, 3, 2, steps=40, lr=0.05, generator=g, progress=False)
+    assert traj.samples.shape == (6, 3) and traj.chain.tolist() == [0, 1, 2, 0, 1, 2]
+    assert traj.by_chain().shape == (2, 3, 3) and torch.equal(traj.by_chain()[1, 2], traj.samples[5])
+    fit = bayes.fit_map(lp, torch.zeros(2, 3, dtype=torch.float64), steps=300, lr=0.05, progress=False)
+    la = bayes.fit_laplace(lp, fit.theta + torch.tensor([[0.0], [5.0]], dtype=torch.float64), tune_prior=False)
+    draws = la.sample(5, torch.Generator().manual_seed(0))
+    assert draws.samples.shape == (5, 3) and draws.chain.tolist() == [0, 1, 0, 1, 0] and draws.n_chains == 2
+    # each row comes from its own member: member 1's mean is shifted by 5
+    assert ((draws.samples - la.mean[draws.chain]).abs() < 1.0).all()
+    with pytest.raises(ValueError, match="multiple of n_chains"):
+        draws.by_chain()
 
 
 def test_ensemble_members_are_independent_map_solutions():
@@ -185,6 +235,19 @@ def test_agreement_tv_and_nll_by_hand():
     assert math.isclose(float(nll), -float(torch.distributions.Normal(0.0, 2.0).log_prob(torch.tensor(0.5))), rel_tol=1e-6)
 
 
+def test_gaussian_nll_is_exact_in_float64():
+    """Issue 10, item 5: a three-member mixture in float64 matches a float64 reference to 1e-13 (a float32
+    constant log B costs about 1e-8)."""
+    g = torch.Generator().manual_seed(5)
+    means = torch.randn(3, 7, generator=g, dtype=torch.float64)
+    y = torch.randn(7, generator=g, dtype=torch.float64)
+    out = M.gaussian_nll(means, y, 0.3)
+    assert out.dtype == torch.float64
+    comp = torch.distributions.Normal(means, torch.tensor(0.3, dtype=torch.float64)).log_prob(y)
+    reference = -(torch.logsumexp(comp, 0) - math.log(3)).mean()
+    assert abs(float(out - reference)) < 1e-13, float(out - reference)
+
+
 def test_rhat_and_ess_detect_mixing():
     g = torch.Generator().manual_seed(0)
     iid = torch.randn(400, 4, 3, generator=g)
@@ -206,7 +269,7 @@ def test_bad_inputs_fail_clearly(linreg):
         lp(torch.zeros(2, 5, dtype=torch.float64))
     with pytest.raises(ValueError, match="must map theta"):
         bayes.hmc(lambda t: lp(t).sum(), torch.zeros(2, 3, dtype=torch.float64), n_samples=2, progress=False)
-    with pytest.raises(ValueError, match="unknown likelihood"):
+    with pytest.raises(ValueError, match="unknown task"):
         bayes.LogPosterior(lp.spec, lp.x, lp.y, 1.0, "poisson")
 
 
@@ -225,7 +288,7 @@ def test_non_finite_energy_is_rejected_and_counted():
 
 def test_learned_noise_gaussian_likelihood(linreg):
     lp = linreg["lp"]
-    learned = bayes.LogPosterior(lp.spec, lp.x, lp.y, 1.0, "gaussian", noise_std=1.0, learn_noise=True)
+    learned = bayes.LogPosterior(lp.spec, lp.x, lp.y, 1.0, "regression", noise_std=1.0, learn_noise=True)
     theta = torch.randn(3, 3, dtype=torch.float64)
     with_noise = torch.cat([theta, torch.full((3, 1), math.log(linreg["sigma"]), dtype=torch.float64)], 1)
     # the likelihood part equals the fixed-noise one at the same sigma

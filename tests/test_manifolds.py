@@ -134,3 +134,63 @@ def test_norm_deviation_measures_drift():
     y[2, 30:33] *= 1.5                                                   # stretch one factor of one point
     y[:, -2:] *= 10                                                      # Euclidean part is free
     assert torch.allclose(p.norm_deviation(y), torch.tensor([0.0, 0, 0.5, 0, 0]), atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [2, 4, 9])
+def test_sphere_logmap_inverts_expmap_near_zero_and_near_pi(dtype, n):
+    """Issue 10, item 2: log_x(y) has length d(x, y) and exp_x(log_x(y)) = y at every angle, also within a
+    fraction of a microradian of x and of -x (the small-angle branch used to be chosen on sin d, small at both
+    ends, so near -x the log was a tiny vector and exp(log) landed 2 away)."""
+    s, g = Sphere(n), torch.Generator().manual_seed(n)
+    x = s.random_base(40, generator=g, dtype=torch.float64)
+    v = s.proju(x, torch.randn(40, n, generator=g, dtype=torch.float64))
+    v = v / v.norm(dim=-1, keepdim=True)
+    tol = 2e-6 if dtype == torch.float32 else 1e-13
+    for angle in (3e-10, 2e-7, 5e-4, 1.3, math.pi - 5e-4, math.pi - 4e-6, math.pi - 3e-7, math.pi - 2e-9):
+        y = s.expmap(x, angle * v).to(dtype)
+        xd = x.to(dtype)
+        u = s.logmap(xd, y)
+        assert s.is_tangent(xd, u, atol=tol).all(), angle
+        assert (u.norm(dim=-1) - s.dist(xd, y)).abs().max() < tol, angle
+        assert (s.expmap(xd, u) - y).abs().max() < tol, angle
+        if 1e3 * torch.finfo(dtype).eps < angle < 1:     # relative accuracy of small angles that the dtype resolves
+            assert ((u.norm(dim=-1) - angle).abs() / angle).max() < (1e-3 if dtype == torch.float32 else 1e-6)
+    # exactly antipodal points: any direction is minimising; the log still has length pi and maps back
+    xd = x.to(dtype)
+    u = s.logmap(xd, -xd)
+    assert torch.allclose(u.norm(dim=-1), torch.full((40,), math.pi, dtype=dtype), atol=tol)
+    assert (s.expmap(xd, u) + xd).abs().max() < 10 * tol
+
+
+@pytest.mark.parametrize("m", manifolds(), ids=repr)
+def test_dexpinv_inverts_the_differential_of_exp(m):
+    """dexpinv(x, u, d/ds exp_x(u + s w)) = w for tangent w at x (central differences, float64)."""
+    g = torch.Generator().manual_seed(12)
+    x = m.random_base(16, generator=g)
+    u = tangent(m, x, g)
+    w = m.proju(x, torch.randn(x.shape, generator=g))
+    h = 1e-6
+    v = (m.expmap(x, u + h * w) - m.expmap(x, u - h * w)) / (2 * h)      # tangent at exp_x(u)
+    assert torch.allclose(m.dexpinv(x, u, v), w, atol=1e-7)
+    assert torch.allclose(m.dexpinv(x, torch.zeros_like(u), w), w)       # the identity at u = 0
+
+
+def test_product_dist_is_exact_and_batched():
+    """Product.dist (the distance sphere_distance should use): exact per-factor angles (also tiny ones in
+    float32) and broadcasting over leading axes, equal to the loop over factors."""
+    g = torch.Generator().manual_seed(13)
+    p = Product.from_blocks([("sphere", 5, 3), ("sphere", 3, 6), ("euclidean", 1, 2)])
+    x, y = p.random_base(4, generator=g), p.random_base(3, generator=g)
+    pairwise = p.dist(x[:, None, :], y[None, :, :])                           # [4, 3]
+    loop = torch.stack([torch.stack([p.dist(x[i], y[j]) for j in range(3)]) for i in range(4)])
+    assert pairwise.shape == (4, 3) and torch.allclose(pairwise, loop)
+    assert torch.allclose(pairwise ** 2, p.pairwise_sqdist(x, y))
+    # every sphere factor rotated by 1e-5 rad: the distance is 1e-5 sqrt(8) to float32 rounding
+    x32 = x[:1].float()
+    step = p.proju(x32, torch.randn(x32.shape, generator=g).float())
+    step[..., -2:] = 0
+    blocks = [p.factor_view(step, k) for k in range(2)]
+    unit = torch.cat([(b / b.norm(dim=-1, keepdim=True)).reshape(1, -1) for b in blocks] + [step[:, -2:]], -1)
+    y32 = p.expmap(x32, 1e-5 * unit)
+    assert abs(p.dist(x32, y32).item() / (1e-5 * math.sqrt(8)) - 1) < 1e-3

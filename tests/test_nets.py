@@ -105,7 +105,7 @@ def test_regression_training_and_checkpoints():
     spec = MLPSpec((1, 32, 1), activation="tanh")
     g = torch.Generator().manual_seed(0)
     res = train_population(spec, spec.init(4, generator=g, device="cpu"), ds.x_train, ds.y_train, steps=800,
-                           lr=1e-2, loss="mse", batch_size=40, checkpoint_every=200, generator=g)
+                           lr=1e-2, task="regression", batch_size=40, checkpoint_every=200, generator=g)
     assert res.checkpoints.shape == (4, 4, spec.n_params) and res.checkpoint_steps == [200, 400, 600, 800]
     assert (res.loss_history[-20:].mean(0) < 0.5 * res.loss_history[:5].mean(0)).all()
 
@@ -118,13 +118,13 @@ def test_divergence_is_an_error_not_a_silent_nan():
                          optimizer="sgd")
 
 
-@pytest.mark.parametrize("loss,name", [("cross_entropy", "digits"), ("mse", "diabetes")])
-def test_chunked_steps_equal_whole_batch_steps(loss, name):
+@pytest.mark.parametrize("task,name", [("classification", "digits"), ("regression", "diabetes")])
+def test_chunked_steps_equal_whole_batch_steps(task, name):
     ds = data.load(name, device="cpu")
     spec = MLPSpec((ds.n_features, 16, ds.n_outputs))
     theta0 = spec.init(3, generator=torch.Generator().manual_seed(2), device="cpu")
-    whole = train_population(spec, theta0, ds.x_train, ds.y_train, steps=5, loss=loss, chunk_size=None)
-    chunked = train_population(spec, theta0, ds.x_train, ds.y_train, steps=5, loss=loss, chunk_size=50)
+    whole = train_population(spec, theta0, ds.x_train, ds.y_train, steps=5, task=task, chunk_size=None)
+    chunked = train_population(spec, theta0, ds.x_train, ds.y_train, steps=5, task=task, chunk_size=50)
     torch.testing.assert_close(chunked.theta, whole.theta, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(chunked.loss_history, whole.loss_history, atol=1e-5, rtol=1e-4)
 
@@ -182,3 +182,78 @@ def test_cnn_forward_equals_torch_modules_and_round_trips():
     assert abs(he.std().item() / (2 / (4 * 9)) ** 0.5 - 1) < 0.05
     with pytest.raises(ValueError, match="init scheme"):
         cnn.init(1, "siren")
+
+
+@pytest.mark.parametrize("kwargs,name", [(dict(steps=0), "steps"), (dict(steps=-1), "steps"),
+                                         (dict(steps=2.5), "steps"), (dict(steps=3, batch_size=0), "batch_size"),
+                                         (dict(steps=3, batch_size=-4), "batch_size"),
+                                         (dict(steps=3, checkpoint_every=0), "checkpoint_every")])
+def test_train_population_rejects_bad_sizes_by_name(kwargs, name):
+    """Issue 10, item 10: a bad size is a ValueError naming the argument (not IndexError / ZeroDivisionError)."""
+    ds = data.load("moons", device="cpu")
+    spec = MLPSpec((2, 4, 2))
+    with pytest.raises(ValueError, match=name):
+        train_population(spec, spec.init(2, device="cpu"), ds.x_train, ds.y_train, **kwargs)
+
+
+def test_task_vocabulary_and_deprecated_loss_names():
+    ds = data.load("moons", device="cpu")
+    spec = MLPSpec((2, 4, 2))
+    theta = spec.init(2, generator=torch.Generator().manual_seed(0), device="cpu")
+    new = per_member_loss(spec, theta, ds.x_train, ds.y_train, "classification")
+    with pytest.warns(DeprecationWarning, match="classification"):
+        old = per_member_loss(spec, theta, ds.x_train, ds.y_train, "cross_entropy")
+    torch.testing.assert_close(new, old)
+    with pytest.raises(ValueError, match="unknown task"):
+        per_member_loss(spec, theta, ds.x_train, ds.y_train, "hinge")
+
+
+def test_divergence_names_the_first_bad_step():
+    """The loop checks every step: a loss that turns NaN at step 2 is reported as step 2."""
+    from wsbook.loop import descend, make_optimizer
+
+    w = torch.zeros(3, requires_grad=True)
+    opt = make_optimizer([w], "sgd", lr=0.1)
+    values = [1.0, 1.0, float("nan"), 1.0]
+    with pytest.raises(FloatingPointError, match="step 2 of 4"):
+        descend(lambda s: (w * 0).sum() + values[s], opt, 4, progress=False, desc="toy")
+    opt = make_optimizer([w], "sgd", lr=0.1)
+    with pytest.raises(FloatingPointError, match="step 2 of 4"):   # blocks of checks name the same step
+        descend(lambda s: (w * 0).sum() + values[s], opt, 4, progress=False, check_every=3)
+
+
+def test_minibatches_cover_each_epoch_once_per_member():
+    from wsbook.loop import Minibatches
+
+    g = torch.Generator().manual_seed(0)
+    per_member = Minibatches(10, 3, members=4, generator=g)
+    assert per_member.per_epoch == 3
+    epoch = torch.cat([per_member(s) for s in range(3)], 1)               # [4, 9]: no repeats within a member
+    assert epoch.shape == (4, 9) and all(len(set(row.tolist())) == 9 for row in epoch)
+    assert not torch.equal(epoch[0], epoch[1])                             # members shuffle independently
+    shared = Minibatches(10, 4, generator=g, drop_last=False)
+    parts = [shared(s) for s in range(shared.per_epoch)]
+    assert [len(p) for p in parts] == [4, 4, 2] and sorted(torch.cat(parts).tolist()) == list(range(10))
+    assert Minibatches(10, None).__call__(0) is None and Minibatches(10, 10)(0) is None
+    with pytest.raises(ValueError, match="batch_size"):
+        Minibatches(10, 0)
+
+
+def test_descend_schedule_ema_and_checkpoint_hooks():
+    """The loop steps the cosine schedule to min_lr, keeps an EMA, calls on_step once per step, and the
+    history of a per-member loss is [steps, B]."""
+    from wsbook.loop import EMA, descend, make_optimizer
+
+    model = torch.nn.Linear(2, 1)
+    ema = EMA(model, 0.5)
+    opt = make_optimizer(model.parameters(), "adamw", lr=0.1)
+    seen = []
+    x = torch.randn(8, 2, generator=torch.Generator().manual_seed(0))
+    run = descend(lambda s: ((model(x) - 1) ** 2).view(4, 2).mean(1), opt, 30, schedule="cosine", min_lr=0.01,
+                  ema=ema, on_step=seen.append, progress=False)
+    assert run.losses.shape == (30, 4) and seen == list(range(30))
+    assert abs(opt.param_groups[0]["lr"] - 0.01) < 1e-9
+    assert (run.losses[-1] < run.losses[0]).all()
+    assert not torch.equal(ema.module.weight, model.weight)                 # lags behind the model
+    with pytest.raises(ValueError, match="optimizer"):
+        make_optimizer(model.parameters(), "lbfgs", lr=0.1)

@@ -2,8 +2,9 @@
 
 Every manifold acts on the last axis of a tensor (points are ``[..., dim]``, in ambient coordinates) and
 offers the small interface of geoopt-style libraries: ``projx``, ``proju``, ``expmap``, ``logmap``,
-``dist``, ``inner``/``norm``, ``transp`` (parallel transport), ``geodesic``, base sampling and
-log-density, and membership checks. A :class:`Product` of thousands of equal-dimension spheres is
+``dist``, ``inner``/``norm``, ``transp`` (parallel transport), ``dexpinv`` (the inverse differential of the
+exponential map, which makes Runge-Kutta steps in normal coordinates high order), ``geodesic``, base
+sampling and log-density, and membership checks. A :class:`Product` of thousands of equal-dimension spheres is
 computed by reshaping its block to ``[..., n_factors, n]`` (never by a Python loop over factors); the
 geometry of the sphere follows Chen & Lipman (2024), "Riemannian Flow Matching on General Geometries".
 """
@@ -73,6 +74,15 @@ class Manifold:
 
     def transp(self, x: Tensor, y: Tensor, v: Tensor) -> Tensor:
         """Parallel transport of the tangent vector ``v`` at ``x`` to ``y`` along the minimising geodesic."""
+        raise NotImplementedError
+
+    def dexpinv(self, x: Tensor, u: Tensor, v: Tensor) -> Tensor:
+        """Pull the tangent vector ``v`` at ``y = exp_x(u)`` back to the tangent space at ``x`` through the
+        inverse differential of ``exp_x`` at ``u``: the ``w`` with ``d/ds exp_x(u + s w)|_0 = v``.
+
+        In normal coordinates ``z`` around ``x`` (``y = exp_x(z)``) an ODE ``dy/dt = f(y)`` reads
+        ``dz/dt = dexpinv(x, z, f(exp_x(z)))``, a smooth ODE in one vector space; a Runge-Kutta method applied
+        to it keeps its order on the manifold (the ``rk4`` solver of :mod:`wsbook.flows` does this)."""
         raise NotImplementedError
 
     def inner(self, x: Tensor, u: Tensor, v: Tensor) -> Tensor:
@@ -171,6 +181,9 @@ class Euclidean(Manifold):
     def transp(self, x: Tensor, y: Tensor, v: Tensor) -> Tensor:
         return v
 
+    def dexpinv(self, x: Tensor, u: Tensor, v: Tensor) -> Tensor:
+        return v
+
     def pairwise_sqdist(self, x: Tensor, y: Tensor, chunk: int = 64) -> Tensor:
         _check_last_dim(f"{self.name}.pairwise_sqdist(x)", x, self.dim)
         _check_last_dim(f"{self.name}.pairwise_sqdist(y)", y, self.dim)
@@ -189,7 +202,10 @@ class Sphere(Manifold):
     """The unit sphere S^{n-1} in R^n (``n`` = ambient size of one point), with the round metric.
 
     exp_x(u) = cos|u| x + sin|u| u/|u|; log_x(y) = d(x, y) P_x(y)/|P_x(y)| with P_x the tangent projection;
-    d(x, y) = 2 atan2(|x - y|, |x + y|), which is accurate both at 0 and near the antipode.
+    d(x, y) = 2 atan2(|x - y|, |x + y|), which is accurate both at 0 and near the antipode. ``P_x(y)`` is
+    computed from ``y - x`` when ``y`` is in the hemisphere around ``x`` and from ``y + x`` otherwise, so
+    both its length (``sin d``) and its direction stay accurate near 0 and near pi; the small-angle series
+    is used only near 0 (chosen on ``d``, not on ``sin d``, which is small at both ends).
     """
 
     def __init__(self, n: int):
@@ -216,12 +232,24 @@ class Sphere(Manifold):
         return self.projx(torch.cos(r) * x + sinc * u)
 
     def logmap(self, x: Tensor, y: Tensor) -> Tensor:
-        u = self.proju(x, y - x)                                   # = y - <x,y> x, of norm sin d
-        d = self.dist(x, y).unsqueeze(-1)
+        # P_x(y) = y - <x, y> x, of length sin d; for unit x, y it equals (y - x) + |y - x|^2/2 x and
+        # (y + x) - |y + x|^2/2 x: the first is accurate near x, the second near -x.
+        x, y = torch.broadcast_tensors(x, y)
+        diff, summ = y - x, y + x
+        nd, ns = _safe_norm(diff, keepdim=True), _safe_norm(summ, keepdim=True)
+        near = nd <= ns                                            # d <= pi/2
+        u = torch.where(near, diff + 0.5 * nd * nd * x, summ - 0.5 * ns * ns * x)
+        u = u - (x * u).sum(-1, keepdim=True) * x                  # exact tangency (x may be off by rounding)
+        d = 2 * torch.atan2(nd, ns)
         s = _safe_norm(u, keepdim=True)
-        small = s < 1e-6
-        factor = torch.where(small, 1 + d * d / 6, d / torch.where(small, torch.ones_like(s), s))
-        return factor * u
+        positive = s > 0
+        factor = torch.where(positive, d / torch.where(positive, s, torch.ones_like(s)), torch.ones_like(s))
+        # exactly antipodal (P_x(y) = 0 but d = pi): every direction is a minimising geodesic; take a fixed
+        # one, towards the axis least aligned with x (computed for all points: no host synchronisation)
+        axis = torch.zeros_like(x).scatter_(-1, x.detach().abs().argmin(-1, keepdim=True), 1.0)
+        t = self.proju(x, axis)
+        fallback = d * t / _safe_norm(t, keepdim=True).clamp_min(1e-30)
+        return torch.where(~positive & ~near, fallback, factor * u)
 
     def dist(self, x: Tensor, y: Tensor) -> Tensor:
         return 2 * torch.atan2(_safe_norm(x - y), _safe_norm(x + y))
@@ -230,6 +258,22 @@ class Sphere(Manifold):
         # exact parallel transport along the great circle: v - <y, v>/(1 + <x, y>) (x + y)
         denom = (1 + (x * y).sum(-1, keepdim=True)).clamp_min(1e-7)
         return v - (y * v).sum(-1, keepdim=True) / denom * (x + y)
+
+    def dexpinv(self, x: Tensor, u: Tensor, v: Tensor) -> Tensor:
+        # exp_x(u) = cos r x + sin r e (r = |u|, e = u / r). Its differential maps the radial direction e to
+        # the geodesic's unit velocity g = -sin r x + cos r e at y, and a direction w orthogonal to x and e to
+        # (sin r / r) w (a Jacobi field). Inverting: w = <v, g> e + (r / sin r) (v - <v, g> g), for r < pi.
+        r = _safe_norm(u, keepdim=True)
+        positive = r > 0
+        e = u / torch.where(positive, r, torch.ones_like(r))
+        cos, sin = torch.cos(r), torch.sin(r)
+        y = cos * x + sin * e
+        g = cos * e - sin * x
+        v = v - (y * v).sum(-1, keepdim=True) * y                  # the tangent part at y
+        a = (v * g).sum(-1, keepdim=True)
+        small = r < 1e-4
+        ratio = torch.where(small, 1 + r * r / 6, r / torch.where(small, torch.ones_like(sin), sin))
+        return a * e + ratio * (v - a * g)
 
     def pairwise_sqdist(self, x: Tensor, y: Tensor, chunk: int = 64) -> Tensor:
         _check_last_dim(f"{self.name}.pairwise_sqdist(x)", x, self.dim)
@@ -371,6 +415,10 @@ class Product(Manifold):
 
     def transp(self, x: Tensor, y: Tensor, v: Tensor) -> Tensor:
         return self._map("transp", x, y, v)
+
+    def dexpinv(self, x: Tensor, u: Tensor, v: Tensor) -> Tensor:
+        _check_last_dim(f"{self.name}.dexpinv", v, self.dim)
+        return self._map("dexpinv", x, u, v)
 
     def factor_dist(self, x: Tensor, y: Tensor, block: int = 0) -> Tensor:
         """Per-factor distances ``[..., n_factors]`` of one block."""

@@ -22,20 +22,32 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from wsbook import config
+from wsbook.loop import Minibatches, descend, make_optimizer
 
 ACTIVATIONS = ("relu", "tanh", "sine", "gelu")
 
-#: the task kinds of the whole library (one vocabulary in nets, symmetry, bayes and data)
+#: The one vocabulary for what a network predicts, shared by nets, bayes, symmetry and data.
 TASKS = ("classification", "regression")
-#: the per-member loss of each task kind (:func:`per_member_loss`)
-TASK_LOSS = {"classification": "cross_entropy", "regression": "mse"}
+TASK_KINDS = TASKS
+_LEGACY_TASK_NAMES = {"cross_entropy": "classification", "categorical": "classification",
+                      "mse": "regression", "gaussian": "regression"}
 
 
-def check_task(task: str) -> str:
-    """Validate a task kind (``"classification"`` or ``"regression"``) and return it."""
-    if task not in TASKS:
-        raise ValueError(f"task must be one of {TASKS}; got {task!r}")
-    return task
+def check_task(task: str, name: str = "task") -> str:
+    """Validate a task kind, ``"classification"`` or ``"regression"`` (:data:`TASKS`), and return it.
+
+    The older loss / likelihood names (``cross_entropy`` / ``categorical``, ``mse`` / ``gaussian``) are
+    still accepted with a ``DeprecationWarning`` and mapped to the task kind they meant.
+    """
+    if task in TASKS:
+        return task
+    if task in _LEGACY_TASK_NAMES:
+        import warnings
+
+        warnings.warn(f"{name}={task!r} is deprecated; use task={_LEGACY_TASK_NAMES[task]!r}",
+                      DeprecationWarning, stacklevel=3)
+        return _LEGACY_TASK_NAMES[task]
+    raise ValueError(f"unknown {name} {task!r}; use one of {TASKS}")
 
 
 def _positive_int(value: object, what: str) -> int:
@@ -535,28 +547,24 @@ class CNNSpec:
 
 
 # ------------------------------------------------------------------ training
-LOSSES = ("cross_entropy", "mse")
-
-
-def output_loss(out: Tensor, y: Tensor, loss: str = "cross_entropy") -> Tensor:
-    """Mean loss ``[B]`` of every member's outputs ``out [B, N, out]`` against targets ``y``: class labels ``[N]``
-    (shared) or ``[B, N]`` for ``cross_entropy``; values ``[N]`` / ``[N, out]`` (shared) or ``[B, N, out]`` for
-    ``mse``."""
+def output_loss(out: Tensor, y: Tensor, task: str = "classification") -> Tensor:
+    """Mean loss ``[B]`` of every member's outputs ``out [B, N, out]`` against targets ``y``: cross-entropy for
+    ``classification`` (class labels ``[N]`` shared or ``[B, N]``), squared error for ``regression`` (values
+    ``[N]`` / ``[N, out]`` shared or ``[B, N, out]``)."""
+    task = check_task(task)
     B, N = out.shape[0], out.shape[1]
-    if loss == "cross_entropy":
+    if task == "classification":
         target = y.expand(B, N) if y.dim() == 1 else y
         # [B, C, N] layout: log-softmax over classes with the points contiguous (see MLPSpec.forward)
         return F.cross_entropy(out.transpose(1, 2), target, reduction="none").mean(1)
-    if loss == "mse":
-        target = y if y.dim() == 3 else y.reshape(N, -1).unsqueeze(0)  # [B, N, out] or shared [N, out]
-        return ((out - target) ** 2).flatten(1).mean(1)
-    raise ValueError(f"unknown loss {loss!r}; use one of {LOSSES}")
+    target = y if y.dim() == 3 else y.reshape(N, -1).unsqueeze(0)  # [B, N, out] or shared [N, out]
+    return ((out - target) ** 2).flatten(1).mean(1)
 
 
-def per_member_loss(spec: NetSpec, theta: Tensor, x: Tensor, y: Tensor, loss: str = "cross_entropy") -> Tensor:
+def per_member_loss(spec: NetSpec, theta: Tensor, x: Tensor, y: Tensor, task: str = "classification") -> Tensor:
     """Mean loss of every member on its batch: ``[B]``. ``x`` is ``[N, in]`` or ``[B, N, in]``, ``y`` matches
     (see :func:`output_loss`)."""
-    return output_loss(spec.forward(theta, x), y, loss)
+    return output_loss(spec.forward(theta, x), y, task)
 
 
 def accuracy(spec: NetSpec, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
@@ -565,19 +573,19 @@ def accuracy(spec: NetSpec, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
         return (spec.forward(theta, x).argmax(-1) == y).float().mean(-1)
 
 
-def _accumulate_gradients(spec: MLPSpec, theta: Tensor, x: Tensor, y: Tensor, loss: str,
+def _accumulate_gradients(spec: MLPSpec, theta: Tensor, x: Tensor, y: Tensor, task: str,
                           chunk_size: int | None) -> Tensor:
     """Backpropagate the summed per-member mean loss in chunks of points; return the per-member loss ``[B]``."""
     n = x.shape[-2]
     if not chunk_size or n <= chunk_size:
-        member_loss = per_member_loss(spec, theta, x, y, loss)
+        member_loss = per_member_loss(spec, theta, x, y, task)
         member_loss.sum().backward()
         return member_loss.detach()
     total = torch.zeros(theta.shape[0], device=theta.device, dtype=theta.dtype)
     for start in range(0, n, chunk_size):
         xc = x[..., start:start + chunk_size, :]
-        yc = y[..., start:start + chunk_size] if loss == "cross_entropy" else y[..., start:start + chunk_size, :]
-        part = per_member_loss(spec, theta, xc, yc, loss) * (xc.shape[-2] / n)
+        yc = y[..., start:start + chunk_size] if task == "classification" else y[..., start:start + chunk_size, :]
+        part = per_member_loss(spec, theta, xc, yc, task) * (xc.shape[-2] / n)
         part.sum().backward()
         total += part.detach()
     return total
@@ -593,6 +601,14 @@ class TrainResult:
     checkpoint_steps: list[int] = field(default_factory=list)
 
 
+def _positive_int(value, name: str, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        what = "a positive int or None" if allow_none else "a positive int"
+        raise ValueError(f"{name} must be {what}; got {value!r}")
+
+
 def train_population(
     spec: MLPSpec,
     theta: Tensor,
@@ -602,7 +618,7 @@ def train_population(
     steps: int,
     lr: float = 1e-3,
     optimizer: str = "adam",
-    loss: str = "cross_entropy",
+    task: str = "classification",
     batch_size: int | None = None,
     weight_decay: float = 0.0,
     momentum: float = 0.0,
@@ -612,6 +628,7 @@ def train_population(
     progress: bool | None = None,
     desc: str = "training",
     chunk_size: int | str | None = "auto",
+    loss: str | None = None,
 ) -> TrainResult:
     """Train all ``B`` networks of ``theta`` at once: one optimizer over one ``[B, D]`` leaf.
 
@@ -620,60 +637,65 @@ def train_population(
     summed loss is backpropagated, so each member receives exactly the gradient of its own mean loss.
     A batch larger than ``chunk_size`` points is processed in chunks whose gradients are accumulated
     (the step is unchanged; activations stay in cache, which doubles full-batch throughput on a CPU).
-    ``"auto"`` sizes chunks so one hidden activation holds about 4M numbers; ``None`` never chunks.
-    Raises ``FloatingPointError`` if a loss becomes NaN or infinite.
+    The steps run in :func:`wsbook.loop.descend` (fused optimizer, NaN check every step, progress, history).
+    See chapter 1, "Many networks, one tensor".
+
+    Args:
+        spec: the architecture of every member.
+        theta: initial weights ``[B, D]``.
+        x: inputs ``[N, in]``; y: labels ``[N]`` (classification) or targets ``[N]`` / ``[N, out]`` (regression).
+        steps: number of optimizer steps (positive).
+        lr: learning rate.
+        optimizer: ``"adam"``, ``"adamw"`` or ``"sgd"``.
+        task: ``"classification"`` (cross-entropy) or ``"regression"`` (squared error).
+        batch_size: points per minibatch (positive), or ``None`` for full-batch steps.
+        weight_decay, momentum: optimizer settings (momentum for SGD only).
+        shared_batches: all members see the same minibatches.
+        checkpoint_every: keep a copy of the weights every this many steps.
+        generator: random stream of the minibatches (``None``: torch's global generator).
+        progress: show a progress bar (default per :func:`wsbook.config.progress_enabled`).
+        desc: name of the run in the progress bar and in errors.
+        chunk_size: points per gradient-accumulation chunk; ``"auto"`` sizes chunks so one hidden
+            activation holds about 4M numbers; ``None`` never chunks.
+        loss: deprecated alias of ``task`` (``"cross_entropy"`` / ``"mse"``).
+
+    Raises:
+        ValueError: for a non-positive ``steps``, ``batch_size`` or ``checkpoint_every``, or mismatched data.
+        FloatingPointError: when a member's loss becomes NaN or infinite (naming the step).
     """
     theta0 = spec.check(theta)
-    if optimizer not in ("adam", "sgd"):
-        raise ValueError(f"optimizer must be 'adam' or 'sgd'; got {optimizer!r}")
-    if loss not in LOSSES:
-        raise ValueError(f"unknown loss {loss!r}; use one of {LOSSES}")
+    _positive_int(steps, "steps")
+    _positive_int(batch_size, "batch_size", allow_none=True)
+    _positive_int(checkpoint_every, "checkpoint_every", allow_none=True)
+    task = check_task(loss if loss is not None else task, "loss" if loss is not None else "task")
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"x has {x.shape[0]} examples but y has {y.shape[0]}")
     B, N = theta0.shape[0], x.shape[0]
     config.tune_allocator()   # keep activation buffers between steps (a process-wide glibc setting)
     param = theta0.detach().clone().requires_grad_(True)
-    # fused kernels: one pass over the [B, D] leaf per step instead of one per elementwise operation
-    opt = (torch.optim.Adam([param], lr=lr, weight_decay=weight_decay, fused=True) if optimizer == "adam"
-           else torch.optim.SGD([param], lr=lr, momentum=momentum, weight_decay=weight_decay, fused=True))
-    history = torch.empty(steps, B, device=param.device)
+    opt = make_optimizer([param], optimizer, lr=lr, weight_decay=weight_decay, momentum=momentum)
     checkpoints, checkpoint_steps = [], []
-    use_batches = batch_size is not None and batch_size < N
-    gen = generator      # None: torch's global generator (seeded by wsbook.seed_everything)
-    from tqdm.auto import trange
-
-    show = config.progress_enabled() if progress is None else progress
-    if loss == "mse":
+    batches = Minibatches(N, batch_size, members=None if shared_batches else B, generator=generator,
+                          device=x.device)
+    if task == "regression":
         y = y.reshape(N, -1)
-    n_per_epoch = max(N // batch_size, 1) if use_batches else 1
     if chunk_size == "auto":
         chunk_size = max(64, 2**22 // (B * max(spec.widths[1:])))
-    order = None
-    for step in trange(steps, desc=desc, disable=not show, leave=False):
-        if use_batches:
-            k = step % n_per_epoch
-            if k == 0:  # a fresh shuffle per epoch, one per member unless batches are shared
-                rows = 1 if shared_batches else B
-                order = torch.rand(rows, N, generator=gen).argsort(1).to(x.device)
-            idx = order[:, k * batch_size:(k + 1) * batch_size]
-            if shared_batches:
-                idx = idx[0]
-            xb, yb = x[idx], y[idx]
-        else:
-            xb, yb = x, y
-        opt.zero_grad(set_to_none=True)
-        member_loss = _accumulate_gradients(spec, param, xb, yb, loss, chunk_size)
-        opt.step()
-        history[step] = member_loss.detach()
+
+    def step_fn(step: int) -> Tensor:
+        idx = batches(step)
+        xb, yb = (x, y) if idx is None else (x[idx], y[idx])
+        return _accumulate_gradients(spec, param, xb, yb, task, chunk_size)
+
+    def keep(step: int) -> None:
         if checkpoint_every and (step + 1) % checkpoint_every == 0:
             checkpoints.append(param.detach().clone())
             checkpoint_steps.append(step + 1)
-    if not torch.isfinite(history[-1]).all():
-        bad = (~torch.isfinite(history[-1])).nonzero().flatten().tolist()
-        raise FloatingPointError(f"training diverged: non-finite final loss for members {bad[:10]}; lower lr")
+
+    run = descend(step_fn, opt, steps, backward=False, on_step=keep, progress=progress, desc=desc)
     return TrainResult(
         theta=param.detach(),
-        loss_history=history,
+        loss_history=run.losses,
         checkpoints=torch.stack(checkpoints) if checkpoints else None,
         checkpoint_steps=checkpoint_steps,
     )

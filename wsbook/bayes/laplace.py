@@ -1,27 +1,34 @@
 """Laplace approximations around MAP estimates of a population (MacKay, 1992; Daxberger et al., 2021).
 
 The posterior precision is approximated by the generalized Gauss-Newton matrix plus the prior precision,
+both divided by the temperature ``T`` of the tempered posterior ``p_T ∝ exp((log prior + log lik) / T)``
+(the target every method of :mod:`wsbook.bayes` shares),
 
-    P = sum_n J_n^T Lambda_n J_n + delta I,     J_n = d f(x_n) / d theta,   Lambda_n = -d^2 log p(y_n | f) / d f^2,
+    P = (sum_n J_n^T Lambda_n J_n + delta I) / T,   J_n = d f(x_n) / d theta,   Lambda_n = -d^2 log p(y_n | f) / d f^2,
 
 kept ``full`` (eigendecomposition, small networks) or ``diag`` (its diagonal, larger networks), for every
 member of a ``[B, D]`` population of MAP solutions at once. The prior precision ``delta`` is tuned per member by
 maximising the Laplace evidence (Immer et al., 2021)
 
-    log Z(delta) = log p(D | theta*) - delta/2 ||theta*||^2 + D/2 log delta - 1/2 log det P(delta).
+    log Z(delta) = log p(D | theta*) - delta/2 ||theta*||^2 + D/2 log delta - 1/2 log det P_1(delta),
+
+the evidence of the untempered model (``P_1`` is ``P`` at ``T = 1``): the model's marginal likelihood, which
+does not depend on the temperature at which the posterior is then used.
 
 Predictives: Monte Carlo over weights, or the linearized (GLM) predictive ``f(x, theta) ~ f(x, theta*) +
 J(x)(theta - theta*)`` (Immer et al., 2021), which is what makes the GGN Laplace work well.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from wsbook.bayes.model import LogPosterior
-from wsbook.nets import MLPSpec
+from wsbook.bayes.samples import SampleResult, member_draws
+from wsbook.nets import MLPSpec, check_task
 
 
 def jacobian(spec: MLPSpec, theta: Tensor, x: Tensor) -> Tensor:
@@ -36,20 +43,23 @@ def jacobian(spec: MLPSpec, theta: Tensor, x: Tensor) -> Tensor:
     return vmap(jacrev(f))(theta.detach())
 
 
-def output_hessian(spec: MLPSpec, theta: Tensor, x: Tensor, likelihood: str, noise_std: float = 1.0) -> Tensor:
-    """``Lambda_n = -d^2 log p(y|f)/df^2``: ``diag(p) - p p^T`` (categorical) or ``I / sigma^2``: ``[B, N, C, C]``."""
+def output_hessian(spec: MLPSpec, theta: Tensor, x: Tensor, task: str, noise_std: float = 1.0) -> Tensor:
+    """``Lambda_n = -d^2 log p(y|f)/df^2``: ``diag(p) - p p^T`` (classification) or ``I / sigma^2``
+    (regression): ``[B, N, C, C]``."""
+    task = check_task(task)
     with torch.no_grad():
         out = spec.forward(theta, x)
-    if likelihood == "categorical":
+    if task == "classification":
         p = torch.softmax(out, -1)
         return torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
     eye = torch.eye(out.shape[-1], dtype=out.dtype, device=out.device) / noise_std ** 2
     return eye.expand(*out.shape[:2], -1, -1)
 
 
-def ggn(spec: MLPSpec, theta: Tensor, x: Tensor, likelihood: str, noise_std: float = 1.0, kind: str = "full",
+def ggn(spec: MLPSpec, theta: Tensor, x: Tensor, task: str, noise_std: float = 1.0, kind: str = "full",
         chunk: int = 256) -> Tensor:
-    """Generalized Gauss-Newton ``sum_n J_n^T Lambda_n J_n``: ``[B, D, D]`` (full) or ``[B, D]`` (diag)."""
+    """Generalized Gauss-Newton ``sum_n J_n^T Lambda_n J_n``: ``[B, D, D]`` (full) or ``[B, D]`` (diag), for
+    ``task`` ``"classification"`` or ``"regression"`` (observation noise ``noise_std``)."""
     if kind not in ("full", "diag"):
         raise ValueError(f"kind must be 'full' or 'diag'; got {kind!r}")
     B, D = spec.check(theta).shape
@@ -57,7 +67,7 @@ def ggn(spec: MLPSpec, theta: Tensor, x: Tensor, likelihood: str, noise_std: flo
     for i in range(0, x.shape[0], chunk):
         xb = x[i:i + chunk]
         J = jacobian(spec, theta, xb)                                   # [B, n, C, D]
-        lam = output_hessian(spec, theta, xb, likelihood, noise_std)    # [B, n, C, C]
+        lam = output_hessian(spec, theta, xb, task, noise_std)          # [B, n, C, C]
         LJ = torch.einsum("bnce,bned->bncd", lam, J)
         if kind == "full":
             out += torch.einsum("bncd,bnce->bde", J, LJ)
@@ -68,35 +78,52 @@ def ggn(spec: MLPSpec, theta: Tensor, x: Tensor, likelihood: str, noise_std: flo
 
 @dataclass
 class LaplacePosterior:
-    """``N(mean, P^-1)`` per member with ``P = V diag(eigvals + prior_precision) V^T`` (full) or
-    ``diag(eigvals + prior_precision)`` (diag, ``eigvecs`` is ``None``). Shapes: mean ``[B, D]``,
-    eigvals ``[B, D]``, eigvecs ``[B, D, D]``, prior_precision ``[B]``."""
+    """``N(mean, P^-1)`` per member with ``P = V diag(eigvals + prior_precision) V^T / temperature`` (full) or
+    ``diag(eigvals + prior_precision) / temperature`` (diag, ``eigvecs`` is ``None``); ``eigvals`` are those
+    of the GGN. Shapes: mean ``[B, D]``, eigvals ``[B, D]``, eigvecs ``[B, D, D]``, prior_precision ``[B]``."""
 
     spec: MLPSpec
     mean: Tensor
     eigvals: Tensor
     eigvecs: Tensor | None
     prior_precision: Tensor
-    likelihood: str = "categorical"
+    task: str = "classification"
     noise_std: float = 1.0
     log_evidence: Tensor | None = None
+    temperature: float = 1.0
 
     @property
     def kind(self) -> str:
         return "diag" if self.eigvecs is None else "full"
 
-    def _scale(self) -> Tensor:
-        return (self.eigvals + self.prior_precision[:, None]).rsqrt()          # [B, D]
+    @property
+    def n_members(self) -> int:
+        return self.mean.shape[0]
 
-    def sample(self, n: int, generator: torch.Generator | None = None) -> Tensor:
-        """``n`` weight samples per member: ``[B, n, D]``."""
-        if n < 1:
-            raise ValueError(f"n must be positive; got {n}")
+    def _scale(self) -> Tensor:
+        """Posterior standard deviations along the eigenvectors, ``sqrt(T / (eigvals + delta))``: ``[B, D]``."""
+        return (self.eigvals + self.prior_precision[:, None]).rsqrt() * math.sqrt(self.temperature)
+
+    def _member_samples(self, n: int, generator: torch.Generator | None) -> Tensor:
+        """``n`` weight samples of every member: ``[B, n, D]``."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive number of samples; got {n!r}")
         z = torch.randn(*self.mean.shape[:1], n, self.mean.shape[1], generator=generator,
                         dtype=self.mean.dtype).to(self.mean.device) * self._scale().unsqueeze(1)
         if self.eigvecs is not None:
             z = torch.einsum("bde,bne->bnd", self.eigvecs, z)
         return self.mean.unsqueeze(1) + z
+
+    def sample(self, n: int, generator: torch.Generator | None = None) -> SampleResult:
+        """``n`` weight draws spread over the members, draw-major: ``.samples [n, D]`` with row ``i`` from
+        member ``.chain[i] = i % B``."""
+        eps, member = member_draws(n, self.n_members, generator, self.mean.dtype, self.mean.shape[1],
+                                   self.mean.device)
+        z = eps * self._scale()                                                # [R, B, D]
+        if self.eigvecs is not None:
+            z = torch.einsum("bde,rbe->rbd", self.eigvecs, z)
+        draws = (self.mean + z).reshape(-1, self.mean.shape[1])[:n]
+        return SampleResult(samples=draws, chain=member, n_chains=self.n_members)
 
     def covariance(self) -> Tensor:
         """Posterior covariance ``[B, D, D]`` (full) or variances ``[B, D]`` (diag)."""
@@ -125,12 +152,12 @@ class LaplacePosterior:
         if method == "glm":
             f = self.glm_function_samples(x, n, generator)
         elif method == "mc":
-            th = self.sample(n, generator)
+            th = self._member_samples(n, generator)
             with torch.no_grad():
                 f = self.spec.forward(th.reshape(-1, th.shape[-1]), x).view(th.shape[0], n, x.shape[0], -1)
         else:
             raise ValueError(f"predictive method must be 'glm' or 'mc'; got {method!r}")
-        if self.likelihood == "categorical":
+        if self.task == "classification":
             return torch.softmax(f, -1).mean(1)
         return f
 
@@ -145,15 +172,28 @@ def evidence(loglik: Tensor, theta: Tensor, eigvals: Tensor, delta: Tensor) -> T
 
 def fit_laplace(log_posterior: LogPosterior, theta_map: Tensor, *, kind: str = "full", tune_prior: bool = True,
                 grid: Tensor | None = None, chunk: int = 256) -> LaplacePosterior:
-    """Laplace approximation at each MAP solution of ``theta_map [B, D]`` with a GGN (``full`` or ``diag``) and
-    the prior precision tuned per member by maximising the Laplace evidence over ``grid`` (default
-    ``10^[-3, 4]``); with ``tune_prior=False`` the log posterior's prior (which must be isotropic) is used."""
+    """Laplace approximation of the log posterior's tempered posterior at each MAP solution of ``theta_map``.
+
+    The precision is ``(GGN + delta I) / T`` (module docstring), so the approximation targets the same
+    ``p_T`` as HMC, MAP and VI; for a linear-Gaussian model it is exact at every temperature.
+    See chapter 2, "Inference".
+
+    Args:
+        log_posterior: the :class:`LogPosterior` (its public ``spec``, ``x``, ``task``, ``noise_std``,
+            ``temperature``, ``log_likelihood`` and ``prior_stds`` are used).
+        theta_map: MAP solutions ``[B, D]`` (e.g. from :func:`~wsbook.bayes.fit_map`).
+        kind: ``"full"`` GGN (eigendecomposition, small networks) or ``"diag"``.
+        tune_prior: choose ``delta`` per member by maximising the Laplace evidence over ``grid`` (default
+            ``10^[-3, 4]``); with ``False`` the log posterior's prior (which must be isotropic) is used.
+        grid: candidate prior precisions.
+        chunk: data points per Jacobian chunk.
+    """
     lp = log_posterior
     spec = lp.spec
     theta = spec.check(theta_map).detach()
     if lp.learn_noise:
         raise ValueError("fit_laplace needs a fixed noise_std")
-    G = ggn(spec, theta, lp.x, lp.likelihood, lp.noise_std, kind, chunk) / lp.temperature
+    G = ggn(spec, theta, lp.x, lp.task, lp.noise_std, kind, chunk)
     if kind == "full":
         G64 = G.double()
         G64 = 0.5 * (G64 + G64.transpose(1, 2))          # exact symmetry for the eigensolver
@@ -162,8 +202,8 @@ def fit_laplace(log_posterior: LogPosterior, theta_map: Tensor, *, kind: str = "
     else:
         eigvals, eigvecs = G.clamp_min(0.0), None
     with torch.no_grad():
-        loglik = lp.log_likelihood(theta) / lp.temperature
-    stds = lp.prior.stds(spec, theta.device, theta.dtype)
+        loglik = lp.log_likelihood(theta)
+    stds = lp.prior_stds().to(theta)
     if tune_prior:
         grid = torch.logspace(-3, 4, 141, dtype=theta.dtype, device=theta.device) if grid is None else grid
         ev = evidence(loglik, theta, eigvals, grid.expand(theta.shape[0], -1))
@@ -174,4 +214,4 @@ def fit_laplace(log_posterior: LogPosterior, theta_map: Tensor, *, kind: str = "
             raise ValueError("tune_prior=False needs an isotropic prior (one std for all layers)")
         delta = torch.full((theta.shape[0],), float(stds[0]) ** -2, dtype=theta.dtype, device=theta.device)
         log_ev = evidence(loglik, theta, eigvals, delta[:, None]).squeeze(-1)
-    return LaplacePosterior(spec, theta, eigvals, eigvecs, delta, lp.likelihood, lp.noise_std, log_ev)
+    return LaplacePosterior(spec, theta, eigvals, eigvecs, delta, lp.task, lp.noise_std, log_ev, float(lp.temperature))

@@ -7,21 +7,23 @@
 * SGHMC (Chen et al., 2014): momentum with friction ``alpha`` and matching injected noise.
 
 All take a :class:`~wsbook.bayes.model.LogPosterior` (or any callable ``log_posterior(theta[B, D], batch) -> [B]``)
-and a ``[C, D]`` batch of starting points, and return samples ``[S, C, D]``.
+and a ``[C, D]`` batch of starting points, and return a :class:`~wsbook.bayes.samples.SampleResult`: samples
+``[S * C, D]`` draw-major (row ``s * C + c``), with the chain of every row in ``.chain`` and
+``.by_chain()`` giving ``[S, C, D]`` for the chain diagnostics.
 """
 from __future__ import annotations
 
 import math
 import time
 import warnings
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 from torch import Tensor
 
 from wsbook import config
-from wsbook.bayes.model import minibatch_indices
+from wsbook.bayes.samples import SampleResult
+from wsbook.loop import Minibatches
 
 LogDensity = Callable[..., Tensor]
 
@@ -37,27 +39,6 @@ def _value_and_grad(log_posterior: LogDensity, theta: Tensor, batch=None) -> tup
                              f"[{theta.shape[0]}]; got {got}")
         (g,) = torch.autograd.grad(lp.sum(), t)
     return lp.detach(), g
-
-
-@dataclass
-class SampleResult:
-    """Samples ``[S, C, D]`` of ``C`` chains, their log densities ``[S, C]`` and per-chain diagnostics."""
-
-    samples: Tensor
-    log_prob: Tensor
-    accept_rate: Tensor | None = None          # [C]  (HMC)
-    step_size: Tensor | None = None            # [C]  final step size
-    n_divergent: Tensor | None = None          # [C]  rejected non-finite / exploding energies
-    seconds: float = 0.0
-    info: dict = field(default_factory=dict)
-
-    @property
-    def n_chains(self) -> int:
-        return self.samples.shape[1]
-
-    def flat(self) -> Tensor:
-        """All samples of all chains as one population ``[S * C, D]`` (chain-major within a draw)."""
-        return self.samples.reshape(-1, self.samples.shape[-1])
 
 
 class DualAveraging:
@@ -99,7 +80,20 @@ def hmc(log_posterior: LogDensity, theta0: Tensor, *, n_samples: int, n_warmup: 
     cast back, while positions, momenta and the Hamiltonian stay in ``dtype``. Step sizes adapt per chain by dual
     averaging during ``n_warmup`` iterations and are then frozen. A proposal whose energy is non-finite or
     whose energy error exceeds ``max_energy_error`` is rejected and counted in ``n_divergent`` (never accepted).
-    ``n_samples`` draws per chain are kept after warm-up, every ``thin``-th iteration.
+    ``n_samples`` draws per chain are kept after warm-up, every ``thin``-th iteration; the result holds them
+    as ``[n_samples * C, D]`` draw-major (see :class:`~wsbook.bayes.samples.SampleResult`).
+    See chapter 2, "Inference".
+
+    Args:
+        log_posterior: ``log_posterior(theta [C, D]) -> [C]``, e.g. a :class:`~wsbook.bayes.model.LogPosterior`.
+        theta0: starting points ``[C, D]``, one per chain.
+        n_samples: draws kept per chain; n_warmup: adaptation iterations; thin: keep every ``thin``-th.
+        n_leapfrog: leapfrog steps per trajectory; step_size: initial step size; jitter: relative jitter.
+        target_accept: acceptance rate the dual averaging aims at.
+        max_energy_error: energy errors above this count as divergences.
+        dtype: precision of positions, momenta and energies; compute_dtype: precision of the network.
+        generator: random stream of momenta, jitter and acceptance (``None``: torch's global generator).
+        progress: show a progress bar.
     """
     if theta0.dim() != 2:
         raise ValueError(f"theta0 must be [C, D] (one row per chain); got {tuple(theta0.shape)}")
@@ -108,7 +102,7 @@ def hmc(log_posterior: LogDensity, theta0: Tensor, *, n_samples: int, n_warmup: 
                          f"{n_samples}, {n_leapfrog}, {n_warmup}, {thin}")
     if step_size <= 0:
         raise ValueError(f"step_size must be positive; got {step_size}")
-    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    gen = generator
     theta = theta0.detach().to(dtype).clone()
     C, D = theta.shape
     dev = theta.device
@@ -174,10 +168,10 @@ def hmc(log_posterior: LogDensity, theta0: Tensor, *, n_samples: int, n_warmup: 
     if n_after > 0:
         warnings.warn(f"HMC: {n_after} divergent transitions after warm-up (rejected); "
                       "consider a smaller step size or a higher target_accept", RuntimeWarning, stacklevel=2)
-    return SampleResult(samples=torch.stack(samples), log_prob=torch.stack(logps),
-                        accept_rate=(accepted / n_kept_iters).cpu(), step_size=eps.cpu(), n_divergent=n_div,
-                        seconds=seconds, info={"n_leapfrog": n_leapfrog, "n_warmup": n_warmup, "thin": thin,
-                              "n_divergent_after_warmup": n_after})
+    return SampleResult.from_draws(torch.stack(samples), torch.stack(logps),
+                                   accept_rate=(accepted / n_kept_iters).cpu(), step_size=eps.cpu(), n_divergent=n_div,
+                                   seconds=seconds, info={"n_leapfrog": n_leapfrog, "n_warmup": n_warmup, "thin": thin,
+                                                          "n_divergent_after_warmup": n_after})
 
 
 def step_schedule(step: int, total: int, lr: float, schedule: str = "polynomial", gamma: float = 0.55,
@@ -201,22 +195,24 @@ def _sg_sampler(kind: str, log_posterior, theta0: Tensor, *, n_samples: int, n_b
         raise ValueError(f"theta0 must be [C, D] (one row per chain); got {tuple(theta0.shape)}")
     if n_samples < 1 or n_burnin < 0 or thin < 1 or lr <= 0:
         raise ValueError(f"need n_samples>=1, n_burnin>=0, thin>=1, lr>0; got {n_samples}, {n_burnin}, {thin}, {lr}")
-    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    gen = generator
     theta = theta0.detach().clone()
     C, D = theta.shape
     n_data = getattr(log_posterior, "n_data", None)
     if batch_size is not None and n_data is None:
         raise ValueError("minibatches need a log_posterior with n_data (a LogPosterior)")
+    batches = Minibatches(n_data, batch_size, members=C, generator=gen, device=theta.device) \
+        if batch_size is not None else None
     v = torch.zeros_like(theta)
     total = n_burnin + n_samples * thin
-    samples, logps, state = [], [], {}
+    samples, logps = [], []
     from tqdm.auto import trange
 
     show = config.progress_enabled() if progress is None else progress
     start = time.perf_counter()
     for it in trange(total, desc=kind.upper(), disable=not show, leave=False):
-        idx = minibatch_indices(n_data, batch_size, C, it, gen, state) if batch_size is not None else None
-        lp, g = _value_and_grad(log_posterior, theta, None if idx is None else idx.to(theta.device))
+        idx = batches(it) if batches is not None else None
+        lp, g = _value_and_grad(log_posterior, theta, idx)
         if not torch.isfinite(g).all():
             raise FloatingPointError(f"{kind}: non-finite gradient at iteration {it}; lower lr (given {lr})")
         h = step_schedule(it, total, lr, schedule, n_cycles=n_cycles)
@@ -229,16 +225,28 @@ def _sg_sampler(kind: str, log_posterior, theta0: Tensor, *, n_samples: int, n_b
         if it >= n_burnin and (it - n_burnin + 1) % thin == 0:
             samples.append(theta.clone())
             logps.append(lp)
-    return SampleResult(samples=torch.stack(samples), log_prob=torch.stack(logps),
-                        seconds=time.perf_counter() - start,
-                        info={"lr": lr, "schedule": schedule, "batch_size": batch_size})
+    return SampleResult.from_draws(torch.stack(samples), torch.stack(logps), seconds=time.perf_counter() - start,
+                                   info={"lr": lr, "schedule": schedule, "batch_size": batch_size})
 
 
 def sgld(log_posterior, theta0: Tensor, *, n_samples: int, n_burnin: int = 1000, lr: float = 1e-4,
          batch_size: int | None = None, thin: int = 10, schedule: str = "polynomial", n_cycles: int = 1,
          generator: torch.Generator | None = None, progress: bool | None = None) -> SampleResult:
     """Stochastic-gradient Langevin dynamics (Welling & Teh, 2011) for ``C`` chains at once:
-    ``theta <- theta + (h_t/2) grad log p_hat(theta) + N(0, h_t I)``, one minibatch per chain."""
+    ``theta <- theta + (h_t/2) grad log p_hat(theta) + N(0, h_t I)``, one minibatch per chain.
+
+    Args:
+        log_posterior: a :class:`~wsbook.bayes.model.LogPosterior` (or a callable with ``n_data`` for minibatches).
+        theta0: starting points ``[C, D]``, one per chain.
+        n_samples: draws kept per chain; n_burnin: iterations discarded first; thin: keep every ``thin``-th.
+        lr: step size ``h``; schedule, n_cycles: its schedule (:func:`step_schedule`).
+        batch_size: minibatch per chain (``None``: full batch).
+        generator: random stream of noise and minibatches (``None``: torch's global generator).
+        progress: show a progress bar.
+
+    Returns:
+        :class:`~wsbook.bayes.samples.SampleResult` with ``[n_samples * C, D]`` draw-major samples.
+    """
     return _sg_sampler("sgld", log_posterior, theta0, n_samples=n_samples, n_burnin=n_burnin, lr=lr,
                        batch_size=batch_size, thin=thin, schedule=schedule, friction=0.0, n_cycles=n_cycles,
                        generator=generator, progress=progress)
@@ -248,7 +256,8 @@ def sghmc(log_posterior, theta0: Tensor, *, n_samples: int, n_burnin: int = 1000
           friction: float = 0.1, batch_size: int | None = None, thin: int = 10, schedule: str = "constant",
           n_cycles: int = 1, generator: torch.Generator | None = None, progress: bool | None = None) -> SampleResult:
     """Stochastic-gradient HMC (Chen et al., 2014, eq. 15) for ``C`` chains at once:
-    ``v <- (1 - alpha) v + h grad log p_hat + N(0, 2 alpha h)``, ``theta <- theta + v``."""
+    ``v <- (1 - alpha) v + h grad log p_hat + N(0, 2 alpha h)``, ``theta <- theta + v``. Arguments as
+    :func:`sgld`, plus ``friction`` ``alpha`` in ``(0, 1]``; returns a draw-major :class:`SampleResult`."""
     if not 0 < friction <= 1:
         raise ValueError(f"friction must be in (0, 1]; got {friction}")
     return _sg_sampler("sghmc", log_posterior, theta0, n_samples=n_samples, n_burnin=n_burnin, lr=lr,

@@ -110,8 +110,10 @@ def gaussian_nll(means: Tensor, y: Tensor, noise_std: float | Tensor, variances:
     if variances is not None:
         var = var + variances
     var = var.expand_as(means)
-    logp = -0.5 * ((y - means) ** 2 / var + torch.log(2 * torch.pi * var))
-    return -(torch.logsumexp(logp, 0) - torch.log(torch.tensor(float(means.shape[0])))).mean()
+    logp = -0.5 * ((y - means) ** 2 / var + torch.log(2 * math.pi * var))
+    # log B as a Python float: it takes the dtype of ``logp`` (a float32 tensor constant would cost float64
+    # results about 1e-8)
+    return -(torch.logsumexp(logp, 0) - math.log(means.shape[0])).mean()
 
 
 # ------------------------------------------------------------- chain diagnostics

@@ -2,10 +2,12 @@
 
 ``log_posterior(theta[B, D], batch) -> [B]`` is the unnormalised log density (thesis 000, eq. 2.2)
 
-    log p(theta | D) = (1/T) [ log p(theta) + (N / |batch|) sum_{(x, y) in batch} log p(y | x, theta) ] + const,
+    log p_T(theta | D) = (1/T) [ log p(theta) + (N / |batch|) sum_{(x, y) in batch} log p(y | x, theta) ] + const,
 
 for a population of ``B`` networks laid out by an :class:`~wsbook.nets.MLPSpec`. ``T`` is the posterior
-temperature (``T < 1``: a cold posterior, Wenzel et al., 2020). Swapping inference methods never touches it.
+temperature (``T < 1``: a cold posterior, Wenzel et al., 2020): prior and likelihood are tempered together,
+and every inference method (HMC, SGLD/SGHMC, MAP, Laplace, mean-field VI) targets this same ``p_T``.
+Swapping inference methods never touches it. See chapter 2, "Inference".
 """
 from __future__ import annotations
 
@@ -16,9 +18,11 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from wsbook.nets import MLPSpec
+from wsbook import config
+from wsbook.nets import MLPSpec, check_task
 
-LIKELIHOODS = ("categorical", "gaussian")
+#: The likelihood family of each task kind.
+LIKELIHOODS = {"classification": "categorical", "regression": "gaussian"}
 
 
 @dataclass(frozen=True)
@@ -57,9 +61,10 @@ class GaussianPrior:
 
     def sample(self, spec: MLPSpec, n: int, generator: torch.Generator | None = None,
                device: torch.device | str | None = None) -> Tensor:
-        """``n`` draws from the prior, ``[n, D]``."""
+        """``n`` draws from the prior, ``[n, D]``, on ``device`` (default :func:`wsbook.config.device`, as
+        :meth:`MLPSpec.init`); drawn on the CPU from ``generator`` so a seed gives the same draws everywhere."""
         s = self.stds(spec)
-        return (torch.randn(n, spec.n_params, generator=generator) * s).to(device or "cpu")
+        return (torch.randn(n, spec.n_params, generator=generator) * s).to(device or config.device())
 
 
 def as_prior(prior: GaussianPrior | float | Sequence[float]) -> GaussianPrior:
@@ -73,19 +78,19 @@ def as_prior(prior: GaussianPrior | float | Sequence[float]) -> GaussianPrior:
     raise TypeError(f"prior must be a GaussianPrior, a float or a sequence of per-layer stds; got {type(prior).__name__}")
 
 
-def log_likelihood(spec: MLPSpec, theta: Tensor, x: Tensor, y: Tensor, likelihood: str = "categorical",
+def log_likelihood(spec: MLPSpec, theta: Tensor, x: Tensor, y: Tensor, task: str = "classification",
                    noise_std: float | Tensor = 1.0) -> Tensor:
     """Summed log-likelihood of a batch for every member, ``[B]``.
 
-    ``categorical``: ``sum_n log softmax(f(x_n))[y_n]``; ``gaussian``: ``sum_n log N(y_n; f(x_n), sigma^2 I)``.
-    ``x`` is ``[N, in]`` (shared) or ``[B, N, in]`` (one batch per member); ``y`` is ``[N]``/``[B, N]`` labels
-    or ``[N, out]``/``[B, N, out]`` targets. ``noise_std`` may be a ``[B]`` tensor (learned noise).
+    ``classification`` (categorical likelihood): ``sum_n log softmax(f(x_n))[y_n]``; ``regression`` (Gaussian
+    likelihood): ``sum_n log N(y_n; f(x_n), sigma^2 I)``. ``x`` is ``[N, in]`` (shared) or ``[B, N, in]`` (one
+    batch per member); ``y`` is ``[N]``/``[B, N]`` labels or ``[N, out]``/``[B, N, out]`` targets.
+    ``noise_std`` may be a ``[B]`` tensor (learned noise).
     """
-    if likelihood not in LIKELIHOODS:
-        raise ValueError(f"unknown likelihood {likelihood!r}; use one of {LIKELIHOODS}")
+    task = check_task(task)
     out = spec.forward(theta, x)                       # [B, N, out]
     B, N = out.shape[0], out.shape[1]
-    if likelihood == "categorical":
+    if task == "classification":
         if y.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"categorical likelihood needs integer labels; got dtype {y.dtype}")
         if y.shape[-1] != N:
@@ -96,7 +101,7 @@ def log_likelihood(spec: MLPSpec, theta: Tensor, x: Tensor, y: Tensor, likelihoo
         return torch.gather(logp, 1, target.unsqueeze(1).long()).squeeze(1).sum(-1)
     target = y.reshape(N, -1) if y.dim() <= 2 else y
     if target.shape[-2] != N or target.shape[-1] != out.shape[-1]:
-        raise ValueError(f"gaussian likelihood: targets must be [N={N}, {out.shape[-1]}]; got {tuple(y.shape)}")
+        raise ValueError(f"regression likelihood: targets must be [N={N}, {out.shape[-1]}]; got {tuple(y.shape)}")
     sigma = torch.as_tensor(noise_std, dtype=out.dtype, device=out.device)
     sigma = sigma.view(-1, 1, 1) if sigma.dim() == 1 else sigma
     resid = (out - target) / sigma
@@ -105,41 +110,55 @@ def log_likelihood(spec: MLPSpec, theta: Tensor, x: Tensor, y: Tensor, likelihoo
 
 @dataclass
 class LogPosterior:
-    """``log_posterior(theta[B, D], batch=None) -> [B]`` for one spec, data set, prior, likelihood and temperature.
+    """``log_posterior(theta[B, D], batch=None) -> [B]`` for one spec, data set, prior, task and temperature.
 
     ``batch`` is ``None`` (full data), a ``LongTensor`` of indices ``[n]`` shared by all members or ``[B, n]``
     (one minibatch per member), or a pair ``(x, y)``. Minibatch log-likelihoods are scaled by ``N / n`` so
-    they are unbiased for the full-data value. With ``learn_noise`` (Gaussian likelihood) ``theta`` carries one
+    they are unbiased for the full-data value. With ``learn_noise`` (regression) ``theta`` carries one
     extra last column, ``log sigma``, with a ``N(log noise_std, 1)`` prior.
+
+    Args:
+        spec: the architecture.
+        x, y: training inputs ``[N, in]`` and labels ``[N]`` (classification) or targets ``[N, out]`` (regression).
+        prior: a :class:`GaussianPrior`, one prior standard deviation, or one per layer.
+        task: ``"classification"`` (categorical likelihood) or ``"regression"`` (Gaussian likelihood).
+        noise_std: observation noise of the Gaussian likelihood.
+        temperature: ``T`` in ``p_T = exp((log prior + log lik) / T)`` (the prior is tempered too).
+        learn_noise: regression with ``log sigma`` as an extra parameter.
     """
 
     spec: MLPSpec
     x: Tensor
     y: Tensor
     prior: GaussianPrior | float = 1.0
-    likelihood: str = "categorical"
+    task: str = "classification"
     noise_std: float = 1.0
     temperature: float = 1.0
     learn_noise: bool = False
 
     def __post_init__(self) -> None:
         self.prior = as_prior(self.prior)
-        if self.likelihood not in LIKELIHOODS:
-            raise ValueError(f"unknown likelihood {self.likelihood!r}; use one of {LIKELIHOODS}")
+        self.task = check_task(self.task)
         if self.x.dim() != 2 or self.x.shape[1] != self.spec.widths[0]:
             raise ValueError(f"x must be [N, {self.spec.widths[0]}] for {self.spec}; got {tuple(self.x.shape)}")
         if self.y.shape[0] != self.x.shape[0]:
             raise ValueError(f"x has {self.x.shape[0]} examples but y has {self.y.shape[0]}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be positive; got {self.temperature}")
-        if self.learn_noise and self.likelihood != "gaussian":
-            raise ValueError("learn_noise needs the gaussian likelihood")
-        if self.likelihood == "categorical" and self.y.max() >= self.spec.widths[-1]:
+        if self.learn_noise and self.task != "regression":
+            raise ValueError("learn_noise needs task='regression' (a Gaussian likelihood)")
+        if self.task == "classification" and self.y.max() >= self.spec.widths[-1]:
             raise ValueError(f"labels go up to {int(self.y.max())} but the network has {self.spec.widths[-1]} outputs")
 
     @property
     def n_data(self) -> int:
+        """``N``, the number of training examples."""
         return self.x.shape[0]
+
+    @property
+    def likelihood(self) -> str:
+        """The likelihood family of the task: ``"categorical"`` or ``"gaussian"``."""
+        return LIKELIHOODS[self.task]
 
     @property
     def dim(self) -> int:
@@ -153,7 +172,8 @@ class LogPosterior:
             raise ValueError(f"log_posterior expects theta of shape [B, {self.dim}] for {self.spec}; got {got}")
         return theta
 
-    def _batch(self, batch) -> tuple[Tensor, Tensor]:
+    def batch(self, batch=None) -> tuple[Tensor, Tensor]:
+        """The ``(x, y)`` of a batch given as ``None`` (all data), indices ``[n]`` / ``[B, n]`` or a pair."""
         if batch is None:
             return self.x, self.y
         if isinstance(batch, (tuple, list)):
@@ -172,10 +192,10 @@ class LogPosterior:
     def log_likelihood(self, theta: Tensor, batch=None) -> Tensor:
         """Full-data-scaled log-likelihood ``(N/n) sum log p(y|x, theta)``, ``[B]``."""
         theta = self.check(theta)
-        xb, yb = self._batch(batch)
+        xb, yb = self.batch(batch)
         w, sigma = self.split(theta)
         n = xb.shape[-2]
-        ll = log_likelihood(self.spec, w, xb, yb, self.likelihood, sigma)
+        ll = log_likelihood(self.spec, w, xb, yb, self.task, sigma)
         return ll * (self.n_data / n)
 
     def log_prior(self, theta: Tensor) -> Tensor:
@@ -187,8 +207,18 @@ class LogPosterior:
             lp = lp - 0.5 * (theta[:, -1] - math.log(self.noise_std)) ** 2 - 0.5 * math.log(2 * math.pi)
         return lp
 
+    def prior_stds(self) -> Tensor:
+        """Prior standard deviation of every network weight, ``[D]`` (on the data's device and dtype)."""
+        return self.prior.stds(self.spec, self.x.device, self.x.dtype)
+
+    def kl_to_prior(self, mean: Tensor, std: Tensor) -> Tensor:
+        """``KL(N(mean, diag(std^2)) || prior)`` per row of ``mean, std [M, D]``, in closed form: ``[M]``."""
+        if self.learn_noise:
+            raise ValueError("kl_to_prior covers the network weights only; fix noise_std (learn_noise=False)")
+        return gaussian_kl(mean, std, self.prior.stds(self.spec, mean.device, mean.dtype))
+
     def __call__(self, theta: Tensor, batch=None) -> Tensor:
-        """Tempered unnormalised log posterior, ``[B]``."""
+        """Tempered unnormalised log posterior ``(log p(theta) + log p(D | theta)) / T``, ``[B]``."""
         return (self.log_likelihood(theta, batch) + self.log_prior(theta)) / self.temperature
 
     def grad(self, theta: Tensor, batch=None) -> tuple[Tensor, Tensor]:
@@ -211,17 +241,11 @@ class LogPosterior:
     def to(self, dtype: torch.dtype) -> "LogPosterior":
         """The same posterior with data in ``dtype`` (e.g. float64 for HMC energies)."""
         y = self.y.to(dtype) if self.y.is_floating_point() else self.y
-        return LogPosterior(self.spec, self.x.to(dtype), y, self.prior, self.likelihood, self.noise_std,
+        return LogPosterior(self.spec, self.x.to(dtype), y, self.prior, self.task, self.noise_std,
                             self.temperature, self.learn_noise)
 
 
-def minibatch_indices(n_data: int, batch_size: int | None, n_members: int, step: int,
-                      generator: torch.Generator, state: dict) -> Tensor | None:
-    """Per-member epoch-shuffled minibatch indices ``[B, batch_size]`` (``None`` for full batch)."""
-    if batch_size is None or batch_size >= n_data:
-        return None
-    per_epoch = max(n_data // batch_size, 1)
-    k = step % per_epoch
-    if k == 0 or "order" not in state:
-        state["order"] = torch.rand(n_members, n_data, generator=generator).argsort(1)
-    return state["order"][:, k * batch_size:(k + 1) * batch_size]
+def gaussian_kl(mean: Tensor, std: Tensor, prior_std: Tensor) -> Tensor:
+    """Closed-form ``KL(N(mean, std^2) || N(0, prior_std^2))`` summed over the last axis."""
+    ratio = (std / prior_std) ** 2
+    return 0.5 * (ratio + (mean / prior_std) ** 2 - 1.0 - torch.log(ratio)).sum(-1)

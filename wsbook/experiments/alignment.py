@@ -53,7 +53,7 @@ def compare_alignments(spec: MLPSpec, theta_a: Tensor, theta_b: Tensor, x_fit: T
         methods: a subset of :data:`ALIGNMENT_METHODS`.
         sinkhorn_steps: optimisation steps of Sinkhorn re-basin.
         n_points: points on each interpolation segment.
-        loss: the task loss (``"cross_entropy"`` or ``"mse"``).
+        task: ``"classification"`` or ``"regression"`` (the loss of the interpolation curves).
         generator: random source of weight matching's layer order and Sinkhorn (default: seeded with 0).
 
     Returns:

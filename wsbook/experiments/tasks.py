@@ -39,7 +39,7 @@ class Task:
     widths: tuple[int, ...]
     activation: str = "relu"
     prior_std: float = 1.0
-    likelihood: str = "categorical"
+    task: str = "classification"   # or "regression" (Gaussian likelihood)
     noise_std: float = 1.0        # regression: observation noise in standardized units
     batch_size: int | None = 64   # minibatch of the stochastic methods
     step_scale: float = 1.0       # SGLD / SGHMC step sizes are step_scale * (0.5, 0.02) / N
@@ -57,8 +57,8 @@ class Task:
     def log_posterior(self, dtype: torch.dtype = torch.float32, temperature: float = 1.0) -> LogPosterior:
         """The task's :class:`LogPosterior` on its training split."""
         ds = self.data()
-        y = ds.y_train if self.likelihood == "categorical" else ds.y_train.to(dtype)
-        return LogPosterior(self.spec, ds.x_train.to(dtype), y, GaussianPrior(self.prior_std), self.likelihood,
+        y = ds.y_train if self.task == "classification" else ds.y_train.to(dtype)
+        return LogPosterior(self.spec, ds.x_train.to(dtype), y, GaussianPrior(self.prior_std), self.task,
                             noise_std=self.noise_std, temperature=temperature)
 
     def grid(self) -> Tensor | None:
@@ -77,7 +77,7 @@ TASKS: dict[str, Task] = {
     "digits": Task("digits", "digits", (64, 16, 10), batch_size=128, leapfrog_scale=0.5),
     "mnist5k": Task("mnist5k", "mnist5k", (784, 10, 10), batch_size=128),
     "moons": Task("moons", "moons", (2, 16, 16, 2)),
-    "gap1d": Task("gap1d", "gap1d", (1, 32, 32, 1), likelihood="gaussian", noise_std=0.1, batch_size=None,
+    "gap1d": Task("gap1d", "gap1d", (1, 32, 32, 1), task="regression", noise_std=0.1, batch_size=None,
                   step_scale=0.01),
 }
 
@@ -130,17 +130,17 @@ def _run(t: Task, method: str, n: int, seed: int) -> dict:
         runs = min(cfg["runs"], n)
         per = math.ceil(n / runs)
         theta = sgd_trajectory(lp, runs, per, steps=cfg["steps"], lr=cfg["lr"], batch_size=t.batch_size,
-                               generator=gen)[:n]
+                               generator=gen).samples[:n]
         out["n_chains"] = runs
     elif method == "vi":
         q = fit_vi(lp, n_members=1, steps=cfg["steps"], lr=cfg["lr"], batch_size=t.batch_size, n_mc=cfg["n_mc"],
                    generator=gen)
-        theta = q.sample(n, gen)[0]
+        theta = q.sample(n, gen).samples
         out["vi_mean_std"] = float(q.std.mean())
     elif method == "laplace":
         res = deep_ensemble(lp, 1, steps=cfg["steps"], lr=cfg["lr"], batch_size=t.batch_size, generator=gen)
         la = fit_laplace(lp, res.theta, kind="full" if spec.n_params <= 3000 else "diag")
-        theta = la.sample(n, gen)[0]
+        theta = la.sample(n, gen).samples
         f_test = la.glm_function_samples(ds.x_test, n, gen)[0]
         if t.grid() is not None:
             f_grid = la.glm_function_samples(t.grid().to(ds.x_test), n, gen)[0]
@@ -160,10 +160,10 @@ def _run(t: Task, method: str, n: int, seed: int) -> dict:
                 compute_dtype=torch.float32 if on_gpu else None)
         with torch.no_grad():
             f_all = _outputs(spec, r.samples.reshape(-1, spec.n_params).float(), ds.x_test)
-        f_all = torch.softmax(f_all, -1) if t.likelihood == "categorical" else f_all
+        f_all = torch.softmax(f_all, -1) if t.task == "classification" else f_all
         f_all = f_all.view(S_full, C, *f_all.shape[1:])
         keep = torch.linspace(0, S_full - 1, S).round().long()         # evenly spaced draws of every chain
-        theta = r.samples[keep].reshape(-1, spec.n_params)[:n].float()
+        theta = r.by_chain()[keep].reshape(-1, spec.n_params)[:n].float()
         out.update(rhat_median=float(split_rhat(f_all).median()), ess_median=float(ess(f_all).median()),
                    draws_per_chain=S_full)
         out.update(n_chains=C, accept_rate=float(r.accept_rate.mean()), step_size=float(r.step_size.mean()),
@@ -193,13 +193,13 @@ def _run(t: Task, method: str, n: int, seed: int) -> dict:
         S = n // C
         if S >= 4:
             f = out["f_test"][:S * C].view(S, C, *out["f_test"].shape[1:])
-            fs = torch.softmax(f, -1) if t.likelihood == "categorical" else f
+            fs = torch.softmax(f, -1) if t.task == "classification" else f
             out["rhat_median"] = float(split_rhat(fs).median())
             out["ess_median"] = float(ess(fs).median())
     return out
 
 
-@cached("posterior/run", version=2)
+@cached("posterior/run", version=3)   # 3: sgd_trajectory rows draw-major, like every other method
 def posterior_run(task: str, method: str, n: int, seed: int = 0) -> dict:
     """Run ``method`` on ``task`` and keep ``n`` posterior samples (cached).
 
@@ -240,9 +240,9 @@ def posterior_samples(task: str, method: str, n: int, seed: int = 0) -> Tensor:
     return posterior_run(task, method, n, seed)["theta"]
 
 
-def predictive_from_outputs(f: Tensor, likelihood: str = "categorical") -> Tensor:
+def predictive_from_outputs(f: Tensor, task: str = "classification") -> Tensor:
     """Bayesian model average of sampled outputs ``[n, N, C]``: class probabilities ``[N, C]`` (eq. 2.1)."""
-    if likelihood != "categorical":
+    if task != "classification":
         raise ValueError("predictive_from_outputs averages class probabilities; use the outputs directly "
                          "for regression")
     return torch.softmax(f, -1).mean(0)
@@ -269,7 +269,7 @@ def compare_methods(task: str, methods: list[str], n: int, seed: int = 0, refere
     import pandas as pd
 
     t = get_task(task)
-    if t.likelihood != "categorical":
+    if t.task != "classification":
         raise ValueError(f"compare_methods needs a classification task; {task!r} is regression")
     unknown = [m for m in methods if m not in METHODS]
     if unknown:

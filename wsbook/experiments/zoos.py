@@ -41,7 +41,7 @@ def train_zoo(spec: MLPSpec, dataset: str, n: int, *, steps: int, lr: float = 3e
     theta0 = spec.init(n, generator=gen)
     return train_population(spec, theta0, ds.x_train, ds.y_train, steps=steps, lr=lr, batch_size=batch_size,
                             weight_decay=weight_decay, generator=gen,
-                            loss="cross_entropy" if ds.n_classes else "mse").theta
+                            task="classification" if ds.n_classes else "regression").theta
 
 
 @cached("zoo/variational", version=1)
@@ -107,7 +107,7 @@ def fit_inr_pairs(spec: MLPSpec, n_pairs: int, *, n_grid: int = 32, steps: int =
     gen = torch.Generator().manual_seed(seed)
     init_a, init_d = spec.init(n_pairs, "siren", generator=gen), spec.init(n_pairs, "siren", generator=gen)
     theta0 = torch.cat([init_a, init_a, init_d])
-    fit = train_population(spec, theta0, x, y, steps=steps, lr=lr, loss="mse", batch_size=batch_size, generator=gen)
+    fit = train_population(spec, theta0, x, y, steps=steps, lr=lr, task="regression", batch_size=batch_size, generator=gen)
     a, same, diff = fit.theta.split(n_pairs)
     return {"a": a, "same": same, "diff": diff}
 

@@ -16,6 +16,12 @@ def wasserstein2(x: Tensor, y: Tensor, manifold: Manifold | None = None) -> floa
     with the squared Euclidean (or geodesic, given ``manifold``) ground cost."""
     if x.dim() != 2 or y.dim() != 2 or x.shape[1] != y.shape[1]:
         raise ValueError(f"wasserstein2: expected [N, D] and [M, D], got {tuple(x.shape)} and {tuple(y.shape)}")
+    for name, pts in (("x", x), ("y", y)):
+        finite = torch.isfinite(pts).all(-1)
+        if not bool(finite.all()):
+            rows = (~finite).nonzero().flatten().tolist()
+            raise ValueError(f"wasserstein2: {name} contains NaN or inf (rows {rows[:10]}"
+                             f"{' ...' if len(rows) > 10 else ''}); the distance is undefined")
     cost = torch.cdist(x, y) ** 2 if manifold is None else manifold.pairwise_sqdist(x, y)
     m = cost.detach().to("cpu", torch.float64).numpy()
     a, b = np.full(x.shape[0], 1.0 / x.shape[0]), np.full(y.shape[0], 1.0 / y.shape[0])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from wsbook.nets import TASK_LOSS, NetSpec, check_task, output_loss
+from wsbook.nets import NetSpec, check_task, output_loss
 
 
 def _lambdas(n_points: int, like: Tensor) -> Tensor:
@@ -56,7 +56,7 @@ def interpolation_curve(spec: NetSpec, theta_a: Tensor, theta_b: Tensor, x: Tens
             rows = torch.arange(s, min(s + chunk, T * B), device=y.device)
             yb = y[rows % B] if per_pair else y
             out = spec.forward(path[s:s + chunk], x)
-            losses.append(output_loss(out, yb, TASK_LOSS[task]))
+            losses.append(output_loss(out, yb, task))
             if task == "classification":
                 accs.append((out.argmax(-1) == yb).float().mean(-1))
     result = {"lambdas": lam, "loss": torch.cat(losses).view(T, B).T}

@@ -22,7 +22,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
-from wsbook.nets import TASK_LOSS, NetSpec, check_task, per_member_loss
+from wsbook.nets import NetSpec, check_task, per_member_loss
 from wsbook.symmetry.actions import check_permutations, flip_signs, permute, permute_soft
 from wsbook.symmetry.spec import symmetry_spec
 
@@ -565,7 +565,7 @@ def sinkhorn_matching(spec: NetSpec, theta_ref: Tensor, theta: Tensor, x: Tensor
             idx = torch.randint(0, x.shape[0], (min(batch_size, x.shape[0]),), generator=generator).to(x.device)
             lam = 0.5 if loss == "midpoint" else torch.rand(B, 1, generator=generator).to(theta)
             mix = (1 - lam) * ref_b + lam * moved
-            objective = per_member_loss(spec, mix, x[idx], y[idx], TASK_LOSS[task]).sum()
+            objective = per_member_loss(spec, mix, x[idx], y[idx], task).sum()
         if not torch.isfinite(objective):
             raise FloatingPointError(f"Sinkhorn objective became {objective.item()} at step {step}; lower lr")
         opt.zero_grad(set_to_none=True)
