@@ -196,14 +196,15 @@ def test_train_population_rejects_bad_sizes_by_name(kwargs, name):
         train_population(spec, spec.init(2, device="cpu"), ds.x_train, ds.y_train, **kwargs)
 
 
-def test_task_vocabulary_and_deprecated_loss_names():
+def test_task_vocabulary_is_one_and_strict():
     ds = data.load("moons", device="cpu")
     spec = MLPSpec((2, 4, 2))
     theta = spec.init(2, generator=torch.Generator().manual_seed(0), device="cpu")
-    new = per_member_loss(spec, theta, ds.x_train, ds.y_train, "classification")
-    with pytest.warns(DeprecationWarning, match="classification"):
-        old = per_member_loss(spec, theta, ds.x_train, ds.y_train, "cross_entropy")
-    torch.testing.assert_close(new, old)
+    loss = per_member_loss(spec, theta, ds.x_train, ds.y_train, "classification")
+    assert loss.shape == (2,) and (loss > 0).all()
+    for old in ("cross_entropy", "categorical", "mse", "gaussian"):     # the old loss names are not a second vocabulary
+        with pytest.raises(ValueError, match="is called"):
+            per_member_loss(spec, theta, ds.x_train, ds.y_train, old)
     with pytest.raises(ValueError, match="unknown task"):
         per_member_loss(spec, theta, ds.x_train, ds.y_train, "hinge")
 

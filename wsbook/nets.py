@@ -28,26 +28,16 @@ ACTIVATIONS = ("relu", "tanh", "sine", "gelu")
 
 #: The one vocabulary for what a network predicts, shared by nets, bayes, symmetry and data.
 TASKS = ("classification", "regression")
-TASK_KINDS = TASKS
-_LEGACY_TASK_NAMES = {"cross_entropy": "classification", "categorical": "classification",
-                      "mse": "regression", "gaussian": "regression"}
+_OLD_TASK_NAMES = {"cross_entropy": "classification", "categorical": "classification",
+                   "mse": "regression", "gaussian": "regression"}
 
 
 def check_task(task: str, name: str = "task") -> str:
-    """Validate a task kind, ``"classification"`` or ``"regression"`` (:data:`TASKS`), and return it.
-
-    The older loss / likelihood names (``cross_entropy`` / ``categorical``, ``mse`` / ``gaussian``) are
-    still accepted with a ``DeprecationWarning`` and mapped to the task kind they meant.
-    """
+    """Validate a task kind, ``"classification"`` or ``"regression"`` (:data:`TASKS`), and return it."""
     if task in TASKS:
         return task
-    if task in _LEGACY_TASK_NAMES:
-        import warnings
-
-        warnings.warn(f"{name}={task!r} is deprecated; use task={_LEGACY_TASK_NAMES[task]!r}",
-                      DeprecationWarning, stacklevel=3)
-        return _LEGACY_TASK_NAMES[task]
-    raise ValueError(f"unknown {name} {task!r}; use one of {TASKS}")
+    hint = f" ({task!r} is called {_OLD_TASK_NAMES[task]!r} here)" if task in _OLD_TASK_NAMES else ""
+    raise ValueError(f"unknown {name} {task!r}: {name} must be one of {TASKS}{hint}")
 
 
 def _positive_int(value: object, what: str) -> int:
@@ -601,7 +591,8 @@ class TrainResult:
     checkpoint_steps: list[int] = field(default_factory=list)
 
 
-def _positive_int(value, name: str, allow_none: bool = False) -> None:
+def _check_size(value, name: str, allow_none: bool = False) -> None:
+    """A training size must be a positive int (a ValueError naming the argument otherwise)."""
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -628,7 +619,6 @@ def train_population(
     progress: bool | None = None,
     desc: str = "training",
     chunk_size: int | str | None = "auto",
-    loss: str | None = None,
 ) -> TrainResult:
     """Train all ``B`` networks of ``theta`` at once: one optimizer over one ``[B, D]`` leaf.
 
@@ -657,17 +647,16 @@ def train_population(
         desc: name of the run in the progress bar and in errors.
         chunk_size: points per gradient-accumulation chunk; ``"auto"`` sizes chunks so one hidden
             activation holds about 4M numbers; ``None`` never chunks.
-        loss: deprecated alias of ``task`` (``"cross_entropy"`` / ``"mse"``).
 
     Raises:
         ValueError: for a non-positive ``steps``, ``batch_size`` or ``checkpoint_every``, or mismatched data.
         FloatingPointError: when a member's loss becomes NaN or infinite (naming the step).
     """
     theta0 = spec.check(theta)
-    _positive_int(steps, "steps")
-    _positive_int(batch_size, "batch_size", allow_none=True)
-    _positive_int(checkpoint_every, "checkpoint_every", allow_none=True)
-    task = check_task(loss if loss is not None else task, "loss" if loss is not None else "task")
+    _check_size(steps, "steps")
+    _check_size(batch_size, "batch_size", allow_none=True)
+    _check_size(checkpoint_every, "checkpoint_every", allow_none=True)
+    task = check_task(task)
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"x has {x.shape[0]} examples but y has {y.shape[0]}")
     B, N = theta0.shape[0], x.shape[0]
