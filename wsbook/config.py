@@ -53,6 +53,12 @@ def seed_everything(seed: int = 0) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed(seed)
 
 
+def generator(offset: int = 0) -> torch.Generator:
+    """A CPU generator seeded with the book's seed (``WSBOOK_SEED``, default 0) plus ``offset``: the fixed
+    random streams of the book's experiments come from here, so they are set in one place."""
+    return torch.Generator(device="cpu").manual_seed(int(os.environ.get("WSBOOK_SEED", "0")) + offset)
+
+
 _ALLOCATOR_TUNED: bool | None = None
 
 

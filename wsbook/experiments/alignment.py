@@ -12,7 +12,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from wsbook import data
+from wsbook import config, data
 from wsbook.experiments.zoos import shape_sdf, train_zoo
 from wsbook.graphs.align import LearnedAligner
 from wsbook.nets import MLPSpec
@@ -64,7 +64,7 @@ def compare_alignments(spec: MLPSpec, theta_a: Tensor, theta_b: Tensor, x_fit: T
     if unknown:
         raise ValueError(f"unknown methods {sorted(unknown)}; choose from {ALIGNMENT_METHODS}")
     B = theta_a.shape[0]
-    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    gen = generator if generator is not None else config.generator()
     aligned, seconds = {}, {}
     wm = None
     for m in methods:
@@ -173,7 +173,7 @@ def inr_paths(spec: MLPSpec, nets: dict[str, Tensor], *, n_grid: int = 32, n_poi
     """
     x, y = shape_sdf(n_grid)
     a = nets["a"]
-    gen = torch.Generator().manual_seed(0)
+    gen = config.generator()
     cands = {"same": nets["same"], "diff": nets["diff"],
              "diff_weight_matching": weight_matching(spec, a, nets["diff"], generator=gen).aligned,
              "diff_activation_matching": activation_matching(spec, a, nets["diff"], x).aligned}
@@ -197,8 +197,8 @@ def canonical_distances(spec: MLPSpec, zoo: Tensor, x: Tensor) -> dict[str, Tens
     """
     ref = zoo[:1]
     normalized = normalize_neurons(spec, zoo)
-    canonical = canonicalize(spec, zoo, ref, generator=torch.Generator().manual_seed(0))
-    exact = canonicalize(spec, zoo, ref, task="regression", generator=torch.Generator().manual_seed(0))
+    canonical = canonicalize(spec, zoo, ref, generator=config.generator())
+    exact = canonicalize(spec, zoo, ref, task="regression", generator=config.generator())
 
     with torch.no_grad():
         same_labels = (spec.forward(canonical, x).argmax(-1) == spec.forward(zoo, x).argmax(-1)).float().mean(1)

@@ -10,12 +10,14 @@ The book's zoos and the generalization benchmark live in :mod:`wsbook.experiment
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
 from torch import Tensor, nn
 
 from wsbook.graphs.neural_graph import NeuralGraph
+from wsbook.loop import Minibatches, descend
 from wsbook.nets import MLPSpec
 from wsbook.symmetry import permute, random_permutation
 
@@ -73,26 +75,18 @@ def fit_predictor(model: nn.Module, theta: Tensor, y: Tensor, *, epochs: int = 1
 
 def fit_minibatches(opt: torch.optim.Optimizer, batch_loss: Callable[[Tensor], Tensor], n: int, *, epochs: int,
                     batch_size: int, generator: torch.Generator, device: torch.device, what: str = "model") -> Tensor:
-    """The shared training loop: ``epochs`` shuffled passes over ``n`` items in minibatches of indices,
-    minimizing ``batch_loss(idx)`` with ``opt`` under a cosine learning-rate decay. Raises on a
-    non-finite loss; returns the per-epoch mean loss ``[epochs]``."""
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs)
-    history = torch.empty(epochs)
-    for epoch in range(epochs):
-        order = torch.randperm(n, generator=generator).to(device)
-        total = 0.0
-        for start in range(0, n, batch_size):
-            idx = order[start:start + batch_size]
-            loss = batch_loss(idx)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"{what} loss became {loss.item()} at epoch {epoch}; lower lr")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total += loss.item() * len(idx)
-        sched.step()
-        history[epoch] = total / n
-    return history
+    """``epochs`` shuffled passes over ``n`` items in minibatches of indices, minimizing ``batch_loss(idx)``
+    with ``opt`` under a per-epoch cosine learning-rate decay, on the library's one loop
+    (:func:`wsbook.loop.descend`: it raises on a non-finite loss). Returns the per-epoch mean loss ``[epochs]``."""
+    batches = Minibatches(n, batch_size, generator=generator, device=device, drop_last=False)
+    every = torch.arange(n, device=device)
+    sizes = torch.tensor([min(batch_size, n - k * batch_size) for k in range(batches.per_epoch)], dtype=torch.float)
+    cosine = lambda step: 0.5 * (1 + math.cos(math.pi * batches.epoch(step) / epochs))  # noqa: E731
+    run = descend(lambda step: batch_loss(every if batches.full else batches(step)), opt, epochs * batches.per_epoch,
+                  schedule=cosine, desc=what)
+    if batches.full:
+        return run.losses.detach().float().cpu()
+    return (run.losses.detach().float().cpu().view(epochs, -1) * sizes).sum(1) / n
 
 
 @torch.no_grad()

@@ -22,6 +22,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
+from wsbook.loop import descend, make_optimizer
 from wsbook.nets import NetSpec, check_task, per_member_loss
 from wsbook.symmetry.actions import check_permutations, flip_signs, permute, permute_soft
 from wsbook.symmetry.spec import symmetry_spec
@@ -554,23 +555,18 @@ def sinkhorn_matching(spec: NetSpec, theta_ref: Tensor, theta: Tensor, x: Tensor
         if init is not None:
             m = m + init_strength * torch.nn.functional.one_hot(init[h].long(), w).to(theta)
         scores.append(m.requires_grad_(True))
-    opt = torch.optim.Adam(scores, lr=lr)
     ref_b = ref.expand(B, -1)
-    for step in range(steps):
-        P = [sinkhorn(m / tau, n_iter) for m in scores]
-        moved = permute_soft(spec, theta, P)
+
+    def objective(step: int) -> Tensor:
+        moved = permute_soft(spec, theta, [sinkhorn(m / tau, n_iter) for m in scores])
         if loss == "l2":
-            objective = ((ref_b - moved) ** 2).sum()
-        else:
-            idx = torch.randint(0, x.shape[0], (min(batch_size, x.shape[0]),), generator=generator).to(x.device)
-            lam = 0.5 if loss == "midpoint" else torch.rand(B, 1, generator=generator).to(theta)
-            mix = (1 - lam) * ref_b + lam * moved
-            objective = per_member_loss(spec, mix, x[idx], y[idx], task).sum()
-        if not torch.isfinite(objective):
-            raise FloatingPointError(f"Sinkhorn objective became {objective.item()} at step {step}; lower lr")
-        opt.zero_grad(set_to_none=True)
-        objective.backward()
-        opt.step()
+            return ((ref_b - moved) ** 2).sum()
+        idx = torch.randint(0, x.shape[0], (min(batch_size, x.shape[0]),), generator=generator).to(x.device)
+        lam = 0.5 if loss == "midpoint" else torch.rand(B, 1, generator=generator).to(theta)
+        return per_member_loss(spec, (1 - lam) * ref_b + lam * moved, x[idx], y[idx], task).sum()
+
+    if steps:
+        descend(objective, make_optimizer(scores, "adam", lr=lr), steps, desc="Sinkhorn matching")
     with torch.no_grad():
         P = [sinkhorn(m / tau, n_iter) for m in scores]
     t0 = time.perf_counter()
