@@ -223,8 +223,8 @@ def hmc_settings(task: str) -> HMCSettings:
     """The reference HMC's sizes for ``task`` at the current scale (the one place they are chosen)."""
     s = config.by_scale
     if task == "breast_cancer":
-        return HMCSettings(chains=s(4, 8, 16), pilot=s(20, 60, 200), pilot_leapfrog=20, warmup=s(10, 40, 200),
-                           draws=s(16, 200, 1000), thin=1, max_leapfrog=s(30, 250, 2000), map_steps=s(150, 300, 1000))
+        return HMCSettings(chains=s(8, 8, 16), pilot=s(15, 60, 200), pilot_leapfrog=20, warmup=s(5, 40, 200),
+                           draws=s(24, 200, 1000), thin=1, max_leapfrog=s(40, 250, 2000), map_steps=s(150, 300, 1000))
     if task == "mnist5k":
         # a prior-scale trajectory needs ~400 leapfrog steps here; at `default` the budget caps it at 40
         return HMCSettings(chains=s(4, 8, 16), pilot=s(10, 40, 200), pilot_leapfrog=10, warmup=s(5, 20, 200),
