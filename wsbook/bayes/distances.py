@@ -137,7 +137,13 @@ def diversity(probs: Tensor) -> Tensor:
 def nearest_neighbour_distances(query: Tensor, reference: Tensor, exclude_self: bool = False,
                                 max_elements: int = 2 ** 24) -> Tensor:
     """Euclidean distance from every row of ``query [n, D]`` to its nearest row of ``reference [m, D]``:
-    ``[n]``. With ``exclude_self`` (``query`` is ``reference``) a member's distance to itself is skipped."""
+    ``[n]``. With ``exclude_self`` (``query`` is ``reference``) a member's distance to itself is skipped.
+
+    Args:
+        query, reference: the two sets (``[n, D]`` and ``[m, D]``).
+        exclude_self: skip each member's distance to itself (``query`` and ``reference`` the same set).
+        max_elements: size of one chunk of the distance matrix.
+    """
     x, y = _pair(query, reference)
     if exclude_self and x.shape != y.shape:
         raise ValueError("exclude_self needs query and reference to be the same set")
@@ -164,7 +170,13 @@ def wasserstein2(x: Tensor, y: Tensor, a: Tensor | None = None, b: Tensor | None
                  max_iter: int = 10_000_000) -> Tensor:
     """Exact 2-Wasserstein distance between the empirical distributions of ``x [n, D]`` and ``y [m, D]``
     (uniform weights unless ``a [n]`` / ``b [m]`` are given), by the network simplex of POT
-    (``ot.emd2`` on squared Euclidean costs). Raises if the solver does not converge. A float64 scalar."""
+    (``ot.emd2`` on squared Euclidean costs). Raises if the solver does not converge. A float64 scalar.
+
+    Args:
+        x, y: the two point clouds (e.g. aligned weight vectors).
+        a, b: probability weights of the points (non-negative, summing to 1).
+        max_iter: iteration limit of the network simplex.
+    """
     import ot
 
     x, y = _pair(x, y)

@@ -480,7 +480,15 @@ def methods_against_reference(task: str, n: int, seed: int = 0, bma_k: int | Non
     seconds)}``, e.g. flows) against the reference HMC run of ``task`` (seed 0). Columns: agreement and total
     variation of the model average to HMC's, test accuracy, NLL and ECE of the model average of all ``n``
     networks (``bma_k``), the unbiased function-space MMD^2 to the HMC draws and seconds. The row ``hmc`` is the
-    independent second run (the noise floor). Returns a pandas DataFrame indexed by method."""
+    independent second run (the noise floor). Returns a pandas DataFrame indexed by method.
+
+    Args:
+        task: ``"breast_cancer"`` or ``"mnist5k"`` (a task with a reference and, for the zoo row, a zoo).
+        n: networks per method (the chapters' cached posterior runs of this size are reused).
+        seed: seed of the methods' runs, of the zoo subsample and of the MMD subsampling.
+        bma_k: members of each model average (default: all ``n``).
+        extra: further rows, ``{name: (test probabilities [m, N, C], seconds)}``.
+    """
     import pandas as pd
 
     ref = hmc_reference(task, seed=0)
@@ -506,9 +514,17 @@ def zoo_barriers(z: Zoo, n_networks: int, generator: torch.Generator | None = No
 
     The barrier of a pair is ``L((a + b) / 2) - (L(a) + L(b)) / 2`` (cross-entropy on ``split``). Returns
     ``{"unaligned": [k, k], "aligned": [k, k]}`` symmetric matrices with a zero diagonal, and ``"runs" [k]``.
+
+    Args:
+        z: the zoo.
+        n_networks: how many runs (one random checkpoint each) enter the matrices.
+        generator: picks the runs, the checkpoints and the weight-matching layer order.
+        split: the data split whose loss is interpolated (``"train"``, ``"val"`` or ``"test"``).
     """
     from wsbook.symmetry import interpolation_curve, weight_matching
 
+    if split not in ("train", "val", "test"):
+        raise ValueError(f"split must be 'train', 'val' or 'test'; got {split!r}")
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
     runs = z.runs
     if not 2 <= n_networks <= len(runs):
