@@ -78,7 +78,8 @@ def test_nearest_neighbour_planted():
     pick = torch.randperm(200, generator=gen)[:50]
     d = dist.nearest_neighbour_distances(ref[pick] + noise, ref, max_elements=1000)
     assert torch.allclose(d.float(), noise.norm(dim=1), atol=1e-4)
-    assert float(dist.median_nn_distance(ref[pick] + noise, ref)) == pytest.approx(float(noise.norm(dim=1).median()), rel=1e-4)
+    expected = float(noise.norm(dim=1).median())
+    assert float(dist.median_nn_distance(ref[pick] + noise, ref)) == pytest.approx(expected, rel=1e-4)
     # a set against itself: zero unless self-matches are excluded
     assert float(dist.median_nn_distance(ref, ref)) == 0.0
     assert float(dist.median_nn_distance(ref, ref, exclude_self=True)) > 1.0

@@ -448,7 +448,8 @@ def compare_to_reference(probs: Tensor, reference: Tensor, second: Tensor, *, ma
     ref, sec, own = (_subsample(p, max_networks, gen) for p in (reference, second, probs))
     h = median_bandwidth(ref, sec, generator=gen) if bandwidth is None else float(bandwidth)
     p_ref = reference.mean(0)
-    return Comparison(agreement=float(M.agreement(probs.mean(0), p_ref)), tv=float(M.total_variation(probs.mean(0), p_ref)),
+    p_own = probs.mean(0)
+    return Comparison(agreement=float(M.agreement(p_own, p_ref)), tv=float(M.total_variation(p_own, p_ref)),
                       mmd2=float(mmd2(own, ref, bandwidth=h)), mmd2_floor=float(mmd2(sec, ref, bandwidth=h)),
                       tv_floor=float(M.total_variation(second.mean(0), p_ref)), bandwidth=h)
 
