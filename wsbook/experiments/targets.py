@@ -16,7 +16,6 @@ Everything expensive is cached with :mod:`wsbook.cache`; sizes come from :func:`
 """
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -31,14 +30,6 @@ from wsbook.bayes.mcmc import hmc
 from wsbook.bayes.optim import deep_ensemble
 from wsbook.cache import cached
 from wsbook.nets import MLPSpec, train_population
-
-
-def _cache(name: str, version: int):
-    """``wsbook.cache.cached`` under an explicit artifact name where the cache takes one (the renovated
-    cache), else under the function's own name."""
-    if "name" in inspect.signature(cached).parameters:
-        return cached(name, version=version)
-    return cached(version=str(version))
 
 
 # ---------------------------------------------------------------------------------------------- zoos
@@ -141,7 +132,7 @@ class Zoo:
         return self.select(last)
 
 
-@_cache("targets/zoo", version=1)
+@cached("targets/zoo", version=1)
 def _train_zoo(cfg: ZooConfig, n_runs: int, seed: int) -> dict:
     ds = data.load(cfg.dataset)
     spec = cfg.spec
@@ -250,7 +241,7 @@ class Reference:
     @property
     def probs(self) -> Tensor:
         if self._probs is None:
-            from wsbook.bayes.tasks import get_task
+            from wsbook.experiments.tasks import get_task
 
             ds = get_task(self.task).data()
             self._probs = predictive_probs(self.spec, self.theta, ds.x_test)
@@ -279,9 +270,9 @@ def predictive_probs(spec: MLPSpec, theta: Tensor, x: Tensor, max_elements: int 
     return torch.cat([M.predictive_probs(spec, theta[s:s + rows].to(x), x) for s in range(0, theta.shape[0], rows)])
 
 
-@_cache("targets/hmc_reference", version=1)
+@cached("targets/hmc_reference", version=1)
 def _hmc_reference(task: str, settings: HMCSettings, seed: int) -> dict:
-    from wsbook.bayes.tasks import get_task
+    from wsbook.experiments.tasks import get_task
 
     t = get_task(task)
     lp = t.log_posterior()
@@ -297,11 +288,12 @@ def _hmc_reference(task: str, settings: HMCSettings, seed: int) -> dict:
     eps = float(pilot.step_size.median())
     target_length = math.pi / 2 * float(t.prior_std)
     n_leapfrog = int(min(settings.max_leapfrog, max(1, math.ceil(target_length / eps))))
-    run = hmc(lp, pilot.samples[-1].float(), n_samples=settings.draws, n_warmup=settings.warmup,
+    run = hmc(lp, pilot.by_chain()[-1].float(), n_samples=settings.draws, n_warmup=settings.warmup,
               n_leapfrog=n_leapfrog, step_size=eps, thin=settings.thin, **kw)
     seconds = time.perf_counter() - start
-    S, C = run.samples.shape[:2]
-    theta = run.samples.reshape(S * C, -1).float()
+    draws = run.by_chain()                                  # [S, C, D]
+    S, C = draws.shape[:2]
+    theta = draws.reshape(S * C, -1).float()
     probs = predictive_probs(t.spec, theta, ds.x_test).view(S, C, *ds.y_test.shape, -1)
     rhat = M.split_rhat(probs)
     return {"theta": theta, "n_chains": C, "draws_per_chain": S,
@@ -328,7 +320,7 @@ def hmc_reference(task: str, seed: int = 0) -> Reference:
     """
     settings = hmc_settings(task)
     out = _hmc_reference(task, settings, seed)
-    from wsbook.bayes.tasks import get_task
+    from wsbook.experiments.tasks import get_task
 
     return Reference(task, get_task(task).spec, out["theta"], int(out["n_chains"]), int(out["draws_per_chain"]),
                      dict(out["diagnostics"]))
@@ -459,7 +451,7 @@ def method_probs(task: str, n: int, seed: int = 0, methods: tuple[str, ...] = ("
     """Test probabilities ``[n, N, C]`` and wall seconds of every posterior method of :mod:`wsbook.bayes.tasks`
     (the book's cached runs, shared with chapter 2), of the second reference HMC run (``n`` evenly spaced
     draws) and of the task's checkpoint zoo (``n`` random checkpoints): ``{name: (probs, seconds)}``."""
-    from wsbook.bayes.tasks import posterior_run
+    from wsbook.experiments.tasks import posterior_run
 
     out = {}
     second = hmc_reference(task, seed=1)
@@ -539,7 +531,7 @@ def zoo_barriers(z: Zoo, n_networks: int, generator: torch.Generator | None = No
     per_run = torch.full((int(z.run.max()) + 1,), -1, dtype=torch.long, device=z.run.device)
     per_run[z.run[order][first]] = order[first]
     theta = z.theta[per_run[chosen]]
-    _, aligned = weight_matching(z.spec, theta[0], theta, generator=gen)
+    aligned = weight_matching(z.spec, theta[0], theta, generator=gen).aligned
     ds = z.data
     x, y = getattr(ds, f"x_{split}"), getattr(ds, f"y_{split}")
     i, j = torch.triu_indices(n_networks, n_networks, 1)
