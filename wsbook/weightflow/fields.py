@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from wsbook.flows.models import TimeMLP
+from wsbook.flows.models import TimeMLP, time_features
 from wsbook.graphs import WeightSpaceGNN
 from wsbook.nets import MLPSpec
 
@@ -46,21 +46,46 @@ class _GNNField(nn.Module):
         heads: attention heads (Relational Transformer).
         attention: ``"neighbours"`` (the sparse neural graph) or ``"all"`` (dense all-pairs attention, the
             reference code's design; only for benchmarks).
+        skip: add ``c_l(t) x`` to the output, one learned function of time per linear layer ``l`` (a
+            preconditioning in the spirit of Karras et al. 2022's ``c_skip``; equivariant and width-agnostic).
+            Many fields over weights are close to a time-dependent rescaling of their input, which a GNN
+            whose edge features pass through layer norms represents only approximately.
     """
 
     def __init__(self, spec: MLPSpec, layer: str = "relational_transformer", dim: int = 32, n_layers: int = 3,
-                 heads: int = 1, attention: str = "neighbours"):
+                 heads: int = 1, attention: str = "neighbours", skip: bool = True):
         super().__init__()
         if not isinstance(spec, MLPSpec):
             raise TypeError(f"gnn_field needs an MLPSpec; got {type(spec).__name__}")
         self.spec = spec
-        self.kwargs = dict(layer=layer, dim=dim, n_layers=n_layers, heads=heads, attention=attention)
+        self.kwargs = dict(layer=layer, dim=dim, n_layers=n_layers, heads=heads, attention=attention, skip=skip)
         self.net = WeightSpaceGNN(spec, layer, dim=dim, n_layers=n_layers, head="equivariant", time=True,
                                   attention=attention, heads=heads)
+        self.skip = None
+        if skip:
+            self.skip = nn.Sequential(nn.Linear(17, dim), nn.SiLU(), nn.Linear(dim, spec.n_layers))
+            nn.init.zeros_(self.skip[-1].weight)
+            nn.init.zeros_(self.skip[-1].bias)
+        self._layer_of = None
+
+    def _layer_index(self, device: torch.device) -> Tensor:
+        """``[D]``: the linear layer each coordinate of the flat layout belongs to."""
+        if self._layer_of is None or self._layer_of.device != device:
+            idx = torch.empty(self.spec.n_params, dtype=torch.long)
+            for layer in range(self.spec.n_layers):
+                w, b = self.spec.slices(layer)
+                idx[w.start:(b.stop if b is not None else w.stop)] = layer
+            self._layer_of = idx.to(device)
+        return self._layer_of
 
     def forward(self, t: Tensor | float, x: Tensor) -> Tensor:
         x = self.spec.check(x, "x")
-        return self.net(x, _times(t, x))
+        t = _times(t, x)
+        out = self.net(x, t)
+        if self.skip is not None:
+            c = self.skip(time_features(t, 16, x.shape[0]).to(x))                  # [B, n_layers]
+            out = out + c[:, self._layer_index(x.device)] * x
+        return out
 
     def config(self) -> dict:
         return {"kind": "gnn", "widths": list(self.spec.widths), "activation": self.spec.activation, **self.kwargs}
@@ -99,10 +124,10 @@ class FlatField(TimeMLP):
 
 
 def gnn_field(spec: MLPSpec, layer: str = "relational_transformer", dim: int = 32, n_layers: int = 3,
-              heads: int = 1, attention: str = "neighbours") -> nn.Module:
+              heads: int = 1, attention: str = "neighbours", skip: bool = True) -> nn.Module:
     """The book's vector field over weights: ``field(t, x)``, an equivariant, time-conditioned GNN on the
     neural graph of ``spec`` (arguments as in :class:`_GNNField`), with ``with_spec`` for width transfer."""
-    return _GNNField(spec, layer=layer, dim=dim, n_layers=n_layers, heads=heads, attention=attention)
+    return _GNNField(spec, layer=layer, dim=dim, n_layers=n_layers, heads=heads, attention=attention, skip=skip)
 
 
 FIELDS = {"gnn": _GNNField, "flat": FlatField}
