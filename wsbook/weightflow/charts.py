@@ -44,13 +44,14 @@ def _finite(x: Tensor, what: str) -> Tensor:
     return x
 
 
-def _align(spec: MLPSpec, reference: Tensor, theta: Tensor) -> Tensor:
-    """Weight matching of every network to ``reference``; returns the aligned population.
+def _align(spec: MLPSpec, reference: Tensor, theta: Tensor, max_iter: int = 100) -> Tensor:
+    """Weight matching of every network to ``reference`` (one network, or one per member); returns the
+    aligned population.
 
     (Adapter: today's ``weight_matching`` returns a tuple ``(perms, aligned)``; a result object with an
     ``aligned`` / ``theta`` field is accepted as well.)
     """
-    res = weight_matching(spec, reference, theta)
+    res = weight_matching(spec, reference, theta, max_iter=max_iter)
     if isinstance(res, tuple):
         return res[1]
     for name in ("aligned", "theta"):

@@ -32,7 +32,7 @@ from wsbook import config
 from wsbook.flows import GeodesicPath, LinearPath, LikelihoodResult, ODEResult, log_likelihood, make_coupling, solve_ode
 from wsbook.manifolds import Euclidean
 from wsbook.nets import MLPSpec
-from wsbook.weightflow.charts import Chart, chart_from_config
+from wsbook.weightflow.charts import Chart, _align, chart_from_config
 from wsbook.weightflow.fields import field_from_config
 from wsbook.weightflow.guidance import Guidance
 
@@ -72,14 +72,19 @@ class WeightFlow:
             loss ``|x1_hat - x1|^2`` is the velocity loss weighted by ``(1 - t)^2``, so it spends little effort
             late in the path, where the sampler divides the guess's error by ``1 - t``).
         coupling: ``"independent"`` or ``"ot"``.
+        align_pairs: after coupling, permute the hidden neurons of every target network to match its source
+            partner (weight matching; the target's function is unchanged). An equivariant field maps a
+            permutation-invariant source to a permutation-invariant distribution, so it can only learn the
+            symmetrized target; aligning each pair removes the part of the regression target that no
+            equivariant field can fit and shortens the paths (equivariant flow matching, Klein et al. 2023).
         time_distribution: ``"uniform"`` or ``"beta(1,2)"``.
         path_sigma: width of the Gaussian straight-line path (Euclidean charts only; 0 = deterministic).
         t_eps: smallest ``1 - t`` the endpoint velocity divides by (the solvers use at most half a step).
     """
 
     def __init__(self, chart: Chart, field: nn.Module, *, parametrization: str = "velocity",
-                 coupling: str = "independent", time_distribution: str = "uniform", path_sigma: float = 0.0,
-                 t_eps: float = 1e-3):
+                 coupling: str = "independent", align_pairs: bool = False, time_distribution: str = "uniform",
+                 path_sigma: float = 0.0, t_eps: float = 1e-3):
         if not isinstance(chart, Chart):
             raise TypeError(f"WeightFlow: chart must be a weightflow Chart; got {type(chart).__name__}")
         if parametrization not in PARAMETRIZATIONS:
@@ -90,7 +95,7 @@ class WeightFlow:
             raise ValueError(f"WeightFlow: time_distribution must be one of {TIME_DISTRIBUTIONS}; "
                              f"got {time_distribution!r}")
         self.chart, self.field = chart, field
-        self.parametrization, self.coupling_name = parametrization, coupling
+        self.parametrization, self.coupling_name, self.align_pairs = parametrization, coupling, bool(align_pairs)
         self.time_distribution, self.path_sigma, self.t_eps = time_distribution, float(path_sigma), float(t_eps)
         self.ema = copy.deepcopy(field).requires_grad_(False)
         m = chart.manifold
@@ -170,6 +175,14 @@ class WeightFlow:
             err = disp - (1 - t).unsqueeze(1) * ut
         return (err * err).mean()
 
+    def pair(self, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
+        """Couple source and target points (and align each target's neurons to its partner, if set)."""
+        x0, x1 = self.coupling(x0, x1)
+        if self.align_pairs:
+            with torch.no_grad():
+                x1 = self.chart.unlayout(_align(self.spec, self.chart.layout(x0), self.chart.layout(x1), max_iter=20))
+        return x0, x1
+
     def fit(self, networks: Tensor, *, steps: int, batch_size: int = 256, lr: float = 1e-3, ema_decay: float = 0.999,
             weight_decay: float = 0.0, generator: torch.Generator | None = None, progress: bool | None = None,
             desc: str = "weight flow") -> FitResult:
@@ -211,7 +224,7 @@ class WeightFlow:
             pos += batch_size
             x1 = points[idx.to(device)]
             x0 = self.chart.sample_source(x1.shape[0], gen).to(device)
-            x0, x1 = self.coupling(x0, x1)
+            x0, x1 = self.pair(x0, x1)
             t = sample_times(x1.shape[0], self.time_distribution, gen).to(device)
             loss = self.loss(x0, x1, t, self.field, gen)
             if not torch.isfinite(loss):
@@ -298,7 +311,7 @@ class WeightFlow:
 
     # ------------------------------------------------------------------------ transfer, persistence
     def settings(self) -> dict:
-        return {"parametrization": self.parametrization, "coupling": self.coupling_name,
+        return {"parametrization": self.parametrization, "coupling": self.coupling_name, "align_pairs": self.align_pairs,
                 "time_distribution": self.time_distribution, "path_sigma": self.path_sigma, "t_eps": self.t_eps}
 
     def with_spec(self, spec: MLPSpec) -> "WeightFlow":
