@@ -35,6 +35,18 @@ def _times(t: Tensor | float, x: Tensor) -> Tensor:
     return t
 
 
+class _SmoothTime(nn.Module):
+    """``t [B] -> [B, dim]``: an MLP on ``[t, cos(2 pi k t), sin(2 pi k t)]_{k=1..8}`` (:func:`time_features`)."""
+
+    def __init__(self, dim: int, n: int = 16):
+        super().__init__()
+        self.n = n
+        self.net = nn.Sequential(nn.Linear(n + 1, dim), nn.SiLU(), nn.Linear(dim, dim))
+
+    def forward(self, t: Tensor) -> Tensor:
+        return self.net(time_features(t, self.n, t.shape[0]).to(self.net[0].weight))
+
+
 class _GNNField(nn.Module):
     """``field(t, x)``: a weight-space GNN with an equivariant head, conditioned on ``t`` on every layer.
 
@@ -61,6 +73,9 @@ class _GNNField(nn.Module):
         self.kwargs = dict(layer=layer, dim=dim, n_layers=n_layers, heads=heads, attention=attention, skip=skip)
         self.net = WeightSpaceGNN(spec, layer, dim=dim, n_layers=n_layers, head="equivariant", time=True,
                                   attention=attention, heads=heads)
+        # WeightSpaceGNN's FourierTime uses frequencies up to 2 pi 2^7, far too fast for a field that varies
+        # smoothly in t; the adapter gives it the flows' low-frequency features (k = 1..8) instead.
+        self.net.time = _SmoothTime(dim)
         self.skip = None
         if skip:
             self.skip = nn.Sequential(nn.Linear(17, dim), nn.SiLU(), nn.Linear(dim, spec.n_layers))
