@@ -113,6 +113,17 @@ def test_ot_coupling_is_a_permutation_and_shortens_geodesics():
     assert d_ot < d_ind
 
 
+def test_align_pairs_keeps_functions_and_shortens_pairs():
+    chart = GeometricChart(SPEC)
+    flow = WeightFlow(chart, gnn_field(SPEC, dim=8, n_layers=1), align_pairs=True)
+    x0, x1 = chart.sample_source(32, gen(21)), chart.to_points(zoo(32))
+    a, b = flow.pair(x0, x1)
+    x = torch.randn(20, 4, generator=gen(22))
+    assert torch.allclose(SPEC.forward(chart.to_weights(b), x), SPEC.forward(chart.to_weights(x1), x), atol=1e-5)
+    assert bool(chart.manifold.belongs(b, atol=1e-5).all())
+    assert chart.manifold.dist(a, b).pow(2).mean() < chart.manifold.dist(x0, x1).pow(2).mean()
+
+
 def test_time_distributions():
     t = sample_times(20000, "beta(1,2)", gen())
     assert abs(t.mean().item() - 1 / 3) < 0.01 and float(t.min()) >= 0 and float(t.max()) <= 1
