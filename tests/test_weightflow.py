@@ -1,0 +1,384 @@
+"""Tests of wsbook.weightflow: charts, fields, training, sampling, guidance, likelihood, transfer, errors."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from wsbook import cache
+from wsbook.nets import MLPSpec
+from wsbook.symmetry import permute, random_permutation
+from wsbook.weightflow import (EuclideanChart, FlatField, GeometricChart, Guidance, NormalizedChart, WeightFlow,
+                               gnn_field, make_chart, reference_sample, sample_times, task_gradient)
+
+SPEC = MLPSpec((4, 5, 3, 2))
+
+
+def gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def zoo(n: int = 12, spec: MLPSpec = SPEC, seed: int = 0) -> torch.Tensor:
+    return spec.init(n, generator=gen(seed), device="cpu")
+
+
+def _t(t, x):
+    t = torch.as_tensor(t, dtype=x.dtype)
+    return t.reshape(-1, 1) if t.dim() else t
+
+
+class GaussianEndpoint(nn.Module):
+    """The exact x1-prediction E[x1 | x_t] between N(0, I) and N(m, s^2 I) on the straight path."""
+
+    def __init__(self, m: float = 1.0, s: float = 1.0):
+        super().__init__()
+        self.m, self.s, self.p = m, s, nn.Parameter(torch.zeros(1))
+
+    def forward(self, t, x):
+        t = _t(t, x)
+        var = (1 - t) ** 2 + t ** 2 * self.s ** 2
+        return self.m + t * self.s ** 2 / var * (x - t * self.m)
+
+
+class GaussianVelocity(GaussianEndpoint):
+    """The same flow as a velocity field, (E[x1 | x_t] - x_t) / (1 - t) written without the division."""
+
+    def forward(self, t, x):
+        t = _t(t, x)
+        var = (1 - t) ** 2 + t ** 2 * self.s ** 2
+        # (m + t s^2 (x - t m)/var - x) / (1 - t) simplifies to (m + (t s^2 - (1 - t)) (x - t m) / var) ...
+        return self.m + (t * self.s ** 2 - (1 - t)) * (x - t * self.m) / var
+
+
+# ------------------------------------------------------------------------------------------- charts
+@pytest.mark.parametrize("kind", ["euclidean", "normalized", "geometric"])
+def test_round_trip_and_function(kind):
+    theta, x = zoo(), torch.randn(30, 4, generator=gen(1))
+    chart = make_chart(kind, SPEC)
+    points = chart.to_points(theta)
+    back = chart.to_weights(points)
+    assert back.shape == theta.shape
+    out_a, out_b = SPEC.forward(theta, x), SPEC.forward(back, x)
+    assert torch.allclose(out_a, out_b, atol=1e-5, rtol=1e-5), "the chart must keep every network's function"
+    assert torch.allclose(chart.to_points(back), points, atol=1e-6), "round trip must be exact"
+    assert torch.equal(chart.layout(chart.unlayout(theta)), theta)
+
+
+def test_geometric_points_are_on_spheres_and_sphere_variant_keeps_labels():
+    theta, x = zoo(), torch.randn(50, 4, generator=gen(1))
+    chart = GeometricChart(SPEC)
+    assert bool(chart.manifold.belongs(chart.to_points(theta), atol=1e-5).all())
+    variant = GeometricChart(SPEC, last_layer="sphere")
+    back = variant.to_weights(variant.to_points(theta))
+    assert torch.equal(SPEC.forward(back, x).argmax(-1), SPEC.forward(theta, x).argmax(-1))
+    last = variant.to_points(theta)[:, variant.last]
+    assert torch.allclose(last.norm(dim=1), torch.ones(len(theta)), atol=1e-5)
+
+
+def test_euclidean_alignment_to_reference():
+    theta = zoo(8)
+    perms = random_permutation(SPEC, 8, gen(3))
+    shuffled = permute(SPEC, theta[:1].expand(8, -1), perms)
+    chart = EuclideanChart(SPEC, reference=theta[0])
+    aligned = chart.to_points(shuffled)
+    assert torch.allclose(aligned, theta[:1].expand(8, -1), atol=1e-6), "permuted copies align back to the reference"
+
+
+def test_sources_have_exact_log_densities():
+    chart = EuclideanChart(SPEC, sigma=0.3)
+    x = chart.sample_source(5, gen())
+    ref = torch.distributions.Normal(0.0, 0.3).log_prob(x).sum(1)
+    assert torch.allclose(chart.source_log_prob(x), ref, atol=1e-4)
+    geo = GeometricChart(SPEC, sigma=0.5)
+    p = geo.sample_source(4, gen())
+    assert bool(geo.manifold.belongs(p, atol=1e-6).all())
+    sphere_part = -(5 * math.log(2 * math.pi ** 2.5 / math.gamma(2.5)) + 3 * math.log(2 * math.pi ** 3 / math.gamma(3)))
+    last = p[:, geo.last]
+    gauss = torch.distributions.Normal(0.0, 0.5).log_prob(last).sum(1)
+    assert torch.allclose(geo.source_log_prob(p), sphere_part + gauss, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------- couplings
+def test_ot_coupling_is_a_permutation_and_shortens_geodesics():
+    chart = GeometricChart(SPEC)
+    flow = WeightFlow(chart, gnn_field(SPEC, dim=8, n_layers=1), coupling="ot")
+    x0, x1 = chart.sample_source(64, gen(1)), chart.to_points(zoo(64))
+    a, b = flow.coupling(x0, x1)
+    assert torch.equal(a, x0)
+    match = (b[:, None, :] == x1[None, :, :]).all(-1)
+    assert bool((match.sum(1) == 1).all()) and bool((match.sum(0) == 1).all()), "OT pairs must be a permutation"
+    d_ot, d_ind = chart.manifold.dist(a, b).pow(2).mean(), chart.manifold.dist(x0, x1).pow(2).mean()
+    assert d_ot < d_ind
+
+
+def test_align_pairs_keeps_functions_and_shortens_pairs():
+    chart = GeometricChart(SPEC)
+    flow = WeightFlow(chart, gnn_field(SPEC, dim=8, n_layers=1), align_pairs=True)
+    x0, x1 = chart.sample_source(32, gen(21)), chart.to_points(zoo(32))
+    a, b = flow.pair(x0, x1)
+    x = torch.randn(20, 4, generator=gen(22))
+    assert torch.allclose(SPEC.forward(chart.to_weights(b), x), SPEC.forward(chart.to_weights(x1), x), atol=1e-5)
+    assert bool(chart.manifold.belongs(b, atol=1e-5).all())
+    assert chart.manifold.dist(a, b).pow(2).mean() < chart.manifold.dist(x0, x1).pow(2).mean()
+
+
+def test_time_distributions():
+    t = sample_times(20000, "beta(1,2)", gen())
+    assert abs(t.mean().item() - 1 / 3) < 0.01 and float(t.min()) >= 0 and float(t.max()) <= 1
+    with pytest.raises(ValueError, match="distribution"):
+        sample_times(3, "gamma")
+
+
+# ------------------------------------------------------------------------------------ parametrisations
+def test_endpoint_and_velocity_agree_on_known_field():
+    spec = MLPSpec((3, 2, 2))
+    chart = EuclideanChart(spec, sigma=1.0)
+    x0 = chart.sample_source(4000, gen(2))
+    endpoint = WeightFlow(chart, GaussianEndpoint(1.0, 2.0), parametrization="endpoint")
+    velocity = WeightFlow(chart, GaussianVelocity(1.0, 2.0), parametrization="velocity")
+    a = endpoint.sample(4000, steps=40, method="midpoint", x0=x0)
+    b = velocity.sample(4000, steps=40, method="midpoint", x0=x0)
+    assert torch.allclose(a, b, atol=1e-3)
+    assert abs(a.mean().item() - 1.0) < 0.03 and abs(a.std(0).mean().item() - 2.0) < 0.05
+    # the reference code's sampler, on the exact field between N(0, 1) and N(1, 1), gives std 0.49
+    # instead of 1 (METHOD.md sec. 2.1); the correct velocity recovers 1
+    unit = WeightFlow(chart, GaussianEndpoint(1.0, 1.0), parametrization="endpoint")
+    ref = reference_sample(unit, 4000, steps=200, x0=x0)
+    ok = unit.sample(4000, steps=40, method="midpoint", x0=x0)
+    assert abs(ref.mean().item() - 1.0) < 0.05 and abs(ref.std(0).mean().item() - 0.49) < 0.03
+    assert abs(ok.std(0).mean().item() - 1.0) < 0.03
+
+
+def test_endpoint_and_velocity_agree_on_spheres():
+    chart = GeometricChart(SPEC)
+    target = chart.to_points(zoo(1))
+
+    class ToPoint(nn.Module):          # x1_hat = a fixed canonical network, in weight layout
+        def forward(self, t, x):
+            return chart.layout(target).expand(x.shape[0], -1)
+
+    class LogToPoint(nn.Module):       # its velocity log_x(p) / (1 - t), in weight layout
+        def forward(self, t, x):
+            p = chart.unlayout(x)
+            return chart.layout(chart.manifold.logmap(p, target.expand_as(p)) / (1 - _t(t, x)).clamp_min(1e-3))
+
+    x0 = chart.sample_source(50, gen(4))
+    a = WeightFlow(chart, ToPoint(), parametrization="endpoint").integrate(x0, steps=20).x
+    b = WeightFlow(chart, LogToPoint(), parametrization="velocity").integrate(x0, steps=20).x
+    assert torch.allclose(a, b, atol=1e-4)
+    assert torch.allclose(a, target.expand_as(a), atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------ training, sampling
+def test_fit_sample_on_spheres_thousands_at_once():
+    chart = GeometricChart(SPEC)
+    flow = WeightFlow(chart, gnn_field(SPEC, dim=8, n_layers=1), coupling="ot", time_distribution="beta(1,2)")
+    res = flow.fit(zoo(64), steps=3, batch_size=32, generator=gen(), progress=False)
+    assert res.losses.shape == (3,) and torch.isfinite(res.losses).all()
+    for method in ("euler", "midpoint", "rk4"):
+        points = flow.integrate(chart.sample_source(2000, gen(5)), steps=3, method=method).x
+        assert float(chart.manifold.norm_deviation(points).max()) < 1e-5
+    nets = flow.sample(2000, steps=2, generator=gen(6))
+    assert nets.shape == (2000, SPEC.n_params) and torch.isfinite(nets).all()
+
+
+def test_velocity_fit_learns_a_shift():
+    """A short run must beat the untrained field on its own loss (the trainer really trains)."""
+    spec = MLPSpec((3, 4, 2))
+    chart = EuclideanChart(spec, sigma=1.0)
+    target = 2.0 + 0.1 * torch.randn(256, spec.n_params, generator=gen(7))
+    flow = WeightFlow(chart, FlatField(spec, hidden=64, depth=2), parametrization="velocity")
+    res = flow.fit(target, steps=300, batch_size=128, lr=3e-3, ema_decay=0.9, generator=gen(), progress=False)
+    assert res.losses[-20:].mean() < 0.5 * res.losses[:5].mean()
+    samples = flow.sample(512, steps=20, method="midpoint", generator=gen(8))
+    assert abs(samples.mean().item() - 2.0) < 0.2
+
+
+def test_state_dict_round_trip_and_cacheable(tmp_path, monkeypatch):
+    chart = GeometricChart(SPEC, reference=zoo(1)[0])
+    flow = WeightFlow(chart, gnn_field(SPEC, dim=8, n_layers=1), coupling="ot")
+    flow.fit(zoo(32), steps=2, batch_size=16, generator=gen(), progress=False)
+    state = flow.state_dict()
+    monkeypatch.setenv("WSBOOK_CACHE_DIR", str(tmp_path))
+    cache.save_entry("k", "wf", {"d": 1}, state)
+    hit, loaded = cache.load_entry("k", "wf", {"d": 1})
+    assert hit
+    again = WeightFlow.from_state(loaded)
+    x0 = chart.sample_source(5, gen(9))
+    assert torch.allclose(flow.sample(5, steps=3, x0=x0), again.sample(5, steps=3, x0=x0), atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------- the GNN field
+def test_gnn_field_is_equivariant_and_batch_independent():
+    field = gnn_field(SPEC, dim=8, n_layers=2)
+    theta = zoo(6)
+    perms = random_permutation(SPEC, 6, gen(10))
+    t = torch.rand(6, generator=gen(11))
+    with torch.no_grad():
+        out, out_perm = field(t, theta), field(t, permute(SPEC, theta, perms))
+        one_by_one = torch.cat([field(t[i:i + 1], theta[i:i + 1]) for i in range(6)])
+    assert torch.allclose(permute(SPEC, out, perms), out_perm, atol=1e-5)
+    assert torch.allclose(out, one_by_one, atol=1e-5)
+    flat = FlatField(SPEC, hidden=16)
+    with torch.no_grad():
+        assert not torch.allclose(permute(SPEC, flat(t, theta), perms), flat(t, permute(SPEC, theta, perms)), atol=1e-3)
+
+
+def test_width_transfer():
+    small, wide = MLPSpec((4, 3, 2)), MLPSpec((4, 7, 2))
+    flow = WeightFlow(GeometricChart(small), gnn_field(small, dim=8, n_layers=2))
+    flow.fit(zoo(32, small), steps=2, batch_size=16, generator=gen(), progress=False)
+    big = flow.with_spec(wide)
+    nets = big.sample(20, steps=3, generator=gen(12))
+    assert nets.shape == (20, wide.n_params) and torch.isfinite(nets).all()
+    assert bool(big.chart.manifold.belongs(big.chart.to_points(nets), atol=1e-5).all())
+    # the transferred field is the same function of the graph: equivariant, and batch = one at a time
+    theta = zoo(4, wide)
+    perms = random_permutation(wide, 4, gen(13))
+    with torch.no_grad():
+        out = big.ema(0.3, theta)
+        assert torch.allclose(permute(wide, out, perms), big.ema(0.3, permute(wide, theta, perms)), atol=1e-5)
+        assert torch.allclose(out, torch.cat([big.ema(0.3, theta[i:i + 1]) for i in range(4)]), atol=1e-5)
+    shared = [k for k, _ in flow.ema.named_parameters()]
+    assert all(torch.equal(dict(flow.ema.named_parameters())[k], dict(big.ema.named_parameters())[k]) for k in shared)
+    with pytest.raises(ValueError, match="one architecture"):
+        FlatField(small).with_spec(wide)
+
+
+# ------------------------------------------------------------------------------------------ guidance
+def test_guidance_gradient_matches_autograd_per_network():
+    theta, x = zoo(5), torch.randn(17, 4, generator=gen(14))
+    y = torch.randint(0, 2, (17,), generator=gen(15))
+    g = task_gradient(SPEC, theta, x, y)
+    for i in range(5):
+        module = SPEC.to_module(theta[i])
+        loss = nn.functional.cross_entropy(module(x), y)
+        grads = torch.autograd.grad(loss, list(module.parameters()))
+        assert torch.allclose(g[i], torch.cat([p.reshape(-1) for p in grads]), atol=1e-6)
+
+
+def test_guidance_is_tangent_and_lowers_the_loss():
+    theta, x = zoo(16), torch.randn(64, 4, generator=gen(16))
+    y = torch.randint(0, 2, (64,), generator=gen(17))
+    chart = GeometricChart(SPEC)
+    points = chart.to_points(theta)
+    guide = Guidance(x, y, weight=1.0, batch_size=None)
+    v = guide.vector(chart, points, 1.0)
+    assert bool(chart.manifold.is_tangent(points, v, atol=1e-6).all())
+    from wsbook.nets import per_member_loss
+    before = per_member_loss(SPEC, chart.layout(points), x, y)
+    after = per_member_loss(SPEC, chart.layout(chart.manifold.expmap(points, 0.05 * v)), x, y)
+    assert (after < before).float().mean() > 0.9
+    assert guide.strength(0.5) == 1.0 and Guidance(x, y, weight=2.0, schedule="linear").strength(0.25) == 0.5
+
+
+# ---------------------------------------------------------------------------------------- likelihood
+class LinearField(nn.Module):
+    """v(t, x) = a x + b in point coordinates: x_1 = e^a x_0 + b (e^a - 1) / a."""
+
+    def __init__(self, a: float, b: float):
+        super().__init__()
+        self.a, self.b, self.p = a, b, nn.Parameter(torch.zeros(1))
+
+    def forward(self, t, x):
+        return self.a * x + self.b
+
+
+def test_log_prob_against_analytic_density_euclidean():
+    spec = MLPSpec((2, 3, 2))
+    chart = EuclideanChart(spec, sigma=0.5)
+    flow = WeightFlow(chart, LinearField(0.4, 0.3), parametrization="velocity")
+    nets = flow.sample(6, steps=50, method="rk4", generator=gen(18))
+    a, b = 0.4, 0.3
+    mean, std = b * (math.exp(a) - 1) / a, 0.5 * math.exp(a)
+    expected = torch.distributions.Normal(mean, std).log_prob(nets).sum(1)
+    got = flow.log_prob(nets, steps=20, method="rk4", estimator="exact")
+    assert torch.allclose(got, expected, atol=1e-3, rtol=1e-4)
+
+
+def test_log_prob_against_analytic_density_on_spheres():
+    """A rotation of every neuron sphere keeps the uniform density; the Euclidean last layer is scaled by e^a."""
+    chart = GeometricChart(SPEC, sigma=0.7)
+    a = 0.3
+
+    class Rotation(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p = nn.Parameter(torch.zeros(1))
+
+        def forward(self, t, x):
+            p = chart.unlayout(x)
+            v = torch.zeros_like(p)
+            for blk in chart.manifold.blocks:
+                part = p[:, blk.slice].reshape(p.shape[0], blk.n_factors, blk.factor_dim)
+                if blk.kind == "sphere":
+                    A = torch.arange(blk.factor_dim ** 2, dtype=p.dtype).reshape(blk.factor_dim, -1).sin()
+                    rot = part @ (A - A.T)
+                else:
+                    rot = a * part
+                v[:, blk.slice] = rot.reshape(p.shape[0], -1)
+            return chart.layout(v)
+
+    flow = WeightFlow(chart, Rotation(), parametrization="velocity")
+    nets = flow.sample(5, steps=40, method="rk4", generator=gen(19))
+    points = chart.to_points(nets)
+    spheres = chart.source_log_prob(points) - torch.distributions.Normal(0.0, 0.7).log_prob(points[:, chart.last]).sum(1)
+    expected = spheres + torch.distributions.Normal(0.0, 0.7 * math.exp(a)).log_prob(points[:, chart.last]).sum(1)
+    got = flow.likelihood(points, steps=20, method="rk4", estimator="exact").logp
+    assert torch.allclose(got, expected, atol=2e-3)
+
+
+def test_hutchinson_within_three_standard_errors_of_exact():
+    spec = MLPSpec((3, 3, 2))
+    chart = EuclideanChart(spec, sigma=1.0)
+    torch.manual_seed(0)
+    flow = WeightFlow(chart, gnn_field(spec, dim=8, n_layers=1), parametrization="velocity")
+    x = chart.sample_source(3, gen(20))
+    exact = flow.likelihood(x, steps=4, method="rk4", estimator="exact").logp
+    runs = torch.stack([flow.likelihood(x, steps=4, method="rk4", estimator="hutchinson", n_probes=1,
+                                        generator=gen(100 + k)).logp for k in range(30)])
+    se = runs.std(0) / math.sqrt(runs.shape[0])
+    assert bool(((runs.mean(0) - exact).abs() <= 3 * se + 1e-4).all()), (runs.mean(0), exact, se)
+    assert bool((se > 0).all()), "the estimator must actually be stochastic"
+
+
+def test_normalized_flow_has_no_density():
+    flow = WeightFlow(NormalizedChart(SPEC), gnn_field(SPEC, dim=8, n_layers=1))
+    with pytest.raises(ValueError, match="no density"):
+        flow.log_prob(zoo(2))
+
+
+# ----------------------------------------------------------------------------------------- bad input
+def test_clear_errors():
+    chart = GeometricChart(SPEC)
+    with pytest.raises(ValueError, match="parameters per network"):
+        chart.to_points(zoo(3, MLPSpec((4, 6, 3, 2))))
+    points = chart.to_points(zoo(3))
+    with pytest.raises(ValueError, match="not canonical"):
+        chart.to_weights(points * 1.1)
+    flow = WeightFlow(chart, gnn_field(SPEC, dim=8, n_layers=1))
+    with pytest.raises(ValueError, match="not canonical"):
+        flow.integrate(points * 1.1, steps=2)
+    bad = zoo(3)
+    bad[1, 4] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        chart.to_points(bad)
+    with pytest.raises(ValueError, match="NaN"):
+        EuclideanChart(SPEC).to_points(bad)
+    with pytest.raises(ValueError, match="parametrization"):
+        WeightFlow(chart, gnn_field(SPEC, dim=8, n_layers=1), parametrization="score")
+    with pytest.raises(ValueError, match="ReLU"):
+        GeometricChart(MLPSpec((4, 5, 2), activation="tanh"))
+
+    class Exploding(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p = nn.Parameter(torch.ones(1))
+
+        def forward(self, t, x):
+            return x * self.p * float("inf")
+
+    with pytest.raises(FloatingPointError):
+        WeightFlow(EuclideanChart(SPEC), Exploding()).fit(zoo(8), steps=1, batch_size=4, progress=False)

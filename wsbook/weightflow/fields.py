@@ -1,0 +1,139 @@
+"""Vector fields over weights, all called as ``field(t, x)`` with ``x`` a population ``[B, D]`` in the spec's
+flat weight layout and ``t`` a scalar or ``[B]``; they return one number per weight and bias ``[B, D]``.
+
+* :func:`gnn_field` (:class:`GNNField`): the time-conditioned, equivariant weight-space GNN over the sparse
+  neural graph (:class:`wsbook.graphs.WeightSpaceField`, Relational Transformer layers by default: at equal
+  width it trains faster per step than PNA on the book's networks, ``benchmarks/bench_weightflow.py``).
+  None of its parameters depends on the hidden widths, so :meth:`GNNField.with_spec` evaluates the same
+  trained module on networks of another width.
+* :class:`FlatField`: the plain baseline, an MLP on the flat vector and time features (no symmetry, one
+  width only).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from wsbook.flows.models import TimeMLP, time_features
+from wsbook.graphs import WeightSpaceField
+from wsbook.nets import MLPSpec
+
+
+def _times(t: Tensor | float, x: Tensor) -> Tensor:
+    t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
+    if t.dim() == 0:
+        return t.expand(x.shape[0])
+    if t.shape != (x.shape[0],):
+        raise ValueError(f"t must be a scalar or [{x.shape[0]}]; got {tuple(t.shape)}")
+    return t
+
+
+class _Skip(nn.Module):
+    """``c_l(t) x``: one learned function of time per linear layer ``l`` times the input (zero at start)."""
+
+    def __init__(self, n_layers: int, dim: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(17, dim), nn.SiLU(), nn.Linear(dim, n_layers))
+        nn.init.zeros_(self.net[-1].weight)
+        nn.init.zeros_(self.net[-1].bias)
+
+    def forward(self, t: Tensor, x: Tensor, layer_of: Tensor) -> Tensor:
+        c = self.net(time_features(t, 16, x.shape[0]).to(x))                          # [B, n_layers]
+        return c[:, layer_of] * x
+
+
+class GNNField(nn.Module):
+    """``field(t, x)``: the weight-space GNN :class:`wsbook.graphs.WeightSpaceField` (equivariant head,
+    time on every node and edge) on networks of ``spec``, plus an optional skip term.
+
+    Args:
+        spec: the architecture whose neural graph the GNN reads.
+        layer: ``"relational_transformer"`` (default) or ``"pna"``.
+        dim: width of node and edge features.
+        n_layers: message-passing layers.
+        heads: attention heads (Relational Transformer).
+        attention: ``"neighbours"`` (the sparse neural graph) or ``"all"`` (dense all-pairs attention, the
+            reference code's design; only for benchmarks).
+        skip: add ``c_l(t) x`` to the output, one learned function of time per linear layer ``l`` (a
+            preconditioning in the spirit of Karras et al. 2022's ``c_skip``; equivariant and width-agnostic).
+            Many fields over weights are close to a time-dependent rescaling of their input, which a GNN
+            whose edge features pass through layer norms represents only approximately.
+        core: an existing trained :class:`WeightSpaceField` and skip to share (used by :meth:`with_spec`).
+    """
+
+    def __init__(self, spec: MLPSpec, layer: str = "relational_transformer", dim: int = 32, n_layers: int = 3,
+                 heads: int = 1, attention: str = "neighbours", skip: bool = True, *,
+                 core: tuple[WeightSpaceField, nn.Module | None] | None = None):
+        super().__init__()
+        if not isinstance(spec, MLPSpec):
+            raise TypeError(f"gnn_field needs an MLPSpec; got {type(spec).__name__}")
+        self.spec = spec
+        self.kwargs = dict(layer=layer, dim=dim, n_layers=n_layers, heads=heads, attention=attention, skip=skip)
+        if core is None:
+            core = (WeightSpaceField(spec, layer, dim=dim, n_layers=n_layers, attention=attention, heads=heads),
+                    _Skip(spec.n_layers, dim) if skip else None)
+        self.net, self.skip = core
+        idx = torch.empty(spec.n_params, dtype=torch.long)
+        for layer_k in range(spec.n_layers):
+            w, b = spec.slices(layer_k)
+            idx[w.start:(b.stop if b is not None else w.stop)] = layer_k
+        self.register_buffer("layer_of", idx, persistent=False)   # [D]: the linear layer of every coordinate
+
+    def forward(self, t: Tensor | float, x: Tensor) -> Tensor:
+        x = self.spec.check(x, "x")
+        t = _times(t, x)
+        out = self.net(t, x, spec=self.spec)
+        if self.skip is not None:
+            out = out + self.skip(t, x, self.layer_of)
+        return out
+
+    def config(self) -> dict:
+        return {"kind": "gnn", "widths": list(self.spec.widths), "activation": self.spec.activation, **self.kwargs}
+
+    def with_spec(self, spec: MLPSpec) -> "GNNField":
+        """The same trained module on networks of ``spec`` (another hidden width, same depth, inputs and
+        outputs): every parameter is shared over nodes and edges, and the positional ids depend only on the
+        input and output neurons and the roles of the hidden layers."""
+        if len(spec.widths) != len(self.spec.widths) or spec.widths[0] != self.spec.widths[0] \
+                or spec.widths[-1] != self.spec.widths[-1]:
+            raise ValueError(f"gnn_field.with_spec: {spec} must keep the depth, inputs and outputs of {self.spec}")
+        return GNNField(spec, **self.kwargs, core=(self.net, self.skip)).to(self.layer_of.device)
+
+
+class FlatField(TimeMLP):
+    """The plain baseline ``field(t, x)``: an MLP on ``[x, time features]`` (:class:`wsbook.flows.TimeMLP`).
+    It ignores the symmetries and exists for one width only."""
+
+    def __init__(self, spec: MLPSpec, hidden: int = 256, depth: int = 3):
+        super().__init__(spec.n_params, hidden=hidden, depth=depth)
+        self.spec = spec
+        self.kwargs = dict(hidden=hidden, depth=depth)
+
+    def config(self) -> dict:
+        return {"kind": "flat", "widths": list(self.spec.widths), "activation": self.spec.activation, **self.kwargs}
+
+    def with_spec(self, spec: MLPSpec) -> "FlatField":
+        if spec == self.spec:
+            return self
+        raise ValueError(f"FlatField: an MLP on flat weight vectors exists for one architecture ({self.spec}); "
+                         f"it cannot read {spec}. Use gnn_field for width transfer")
+
+
+def gnn_field(spec: MLPSpec, layer: str = "relational_transformer", dim: int = 32, n_layers: int = 3,
+              heads: int = 1, attention: str = "neighbours", skip: bool = True) -> nn.Module:
+    """The book's vector field over weights: ``field(t, x)``, an equivariant, time-conditioned GNN on the
+    neural graph of ``spec`` (arguments as in :class:`GNNField`), with ``with_spec`` for width transfer."""
+    return GNNField(spec, layer=layer, dim=dim, n_layers=n_layers, heads=heads, attention=attention, skip=skip)
+
+
+FIELDS = {"gnn": GNNField, "flat": FlatField}
+
+
+def field_from_config(cfg: dict) -> nn.Module:
+    """Rebuild an (untrained) field from its ``config()``."""
+    cfg = dict(cfg)
+    kind = cfg.pop("kind")
+    if kind not in FIELDS:
+        raise ValueError(f"field_from_config: unknown field kind {kind!r}; expected one of {tuple(FIELDS)}")
+    spec = MLPSpec(tuple(cfg.pop("widths")), cfg.pop("activation"))
+    return FIELDS[kind](spec, **cfg)

@@ -1,0 +1,365 @@
+"""``WeightFlow``: (Riemannian) conditional flow matching over populations of networks.
+
+A flow is a chart (:mod:`wsbook.weightflow.charts`), a vector field over weights ``field(t, x)``
+(:mod:`wsbook.weightflow.fields`) and a few choices:
+
+* the **parametrisation** of the field's output: ``"velocity"`` (the output is a weight-space velocity,
+  mapped to a tangent vector by the chart), or ``"endpoint"`` (the output is a guess ``x1_hat`` of where the
+  path ends, turned into the velocity ``(x1_hat - x_t) / (1 - t)`` in Euclidean charts and
+  ``log_{x_t}(x1_hat) / (1 - t)`` on the spheres, the conditional field of the straight or geodesic path
+  evaluated at the guess);
+* the **coupling** of source and target minibatches: ``"independent"`` or ``"ot"`` (exact minibatch OT with
+  the squared distance of the chart's own manifold: geodesic on the spheres; a permutation, no pairs drawn
+  with replacement);
+* the **time distribution** of training: ``"uniform"`` or ``"beta(1,2)"`` (the thesis's choice, more
+  weight on early times).
+
+Training regresses the field onto the conditional velocity of the path (Lipman et al. 2023; Chen & Lipman
+2024 on manifolds) in the chart's metric; sampling integrates with :func:`wsbook.flows.solve_ode` (Euler,
+midpoint, RK4; exponential-map steps on the spheres); likelihoods use :func:`wsbook.flows.log_likelihood`
+(the instantaneous change of variables with the divergence of the tangent-projected field). Book chapter 7.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from wsbook import config
+from wsbook.flows import GeodesicPath, LinearPath, LikelihoodResult, ODEResult, log_likelihood, make_coupling, solve_ode
+from wsbook.manifolds import Euclidean
+from wsbook.nets import MLPSpec
+from wsbook.weightflow.charts import Chart, _align, chart_from_config
+from wsbook.weightflow.fields import field_from_config
+from wsbook.weightflow.guidance import Guidance
+
+PARAMETRIZATIONS = ("velocity", "endpoint")
+TIME_DISTRIBUTIONS = ("uniform", "beta(1,2)")
+COUPLINGS = ("independent", "ot")
+#: latest training time: the geodesic path's field is singular at t = 1
+T_MAX = 1.0 - 1e-3
+
+
+def sample_times(n: int, distribution: str = "uniform", generator: torch.Generator | None = None) -> Tensor:
+    """``n`` training times: ``"uniform"`` on [0, 1] or ``"beta(1,2)"`` (density 2 (1 - t), drawn by the
+    inverse CDF ``t = 1 - sqrt(1 - u)``)."""
+    u = torch.rand(n, generator=generator)
+    if distribution == "uniform":
+        return u
+    if distribution == "beta(1,2)":
+        return 1 - torch.sqrt(1 - u)
+    raise ValueError(f"sample_times: distribution must be one of {TIME_DISTRIBUTIONS}; got {distribution!r}")
+
+
+@dataclass
+class FitResult:
+    """Per-step training losses (mean squared error per coordinate, in the chart's metric) and wall time."""
+
+    losses: Tensor
+    seconds: float
+
+
+class WeightFlow:
+    """A flow over the networks of ``chart.spec``.
+
+    Args:
+        chart: where the flow runs (:class:`EuclideanChart`, :class:`NormalizedChart`, :class:`GeometricChart`).
+        field: ``field(t, x) -> [B, D]`` over the flat weight layout (:func:`gnn_field`, :class:`FlatField`).
+        parametrization: ``"velocity"`` (default) or ``"endpoint"`` (x1-prediction, the thesis's choice; its
+            loss ``|x1_hat - x1|^2`` is the velocity loss weighted by ``(1 - t)^2``, so it spends little effort
+            late in the path, where the sampler divides the guess's error by ``1 - t``).
+        coupling: ``"independent"`` or ``"ot"``.
+        align_pairs: after coupling, permute the hidden neurons of every target network to match its source
+            partner (weight matching; the target's function is unchanged). An equivariant field maps a
+            permutation-invariant source to a permutation-invariant distribution, so it can only learn the
+            symmetrized target; aligning each pair removes the part of the regression target that no
+            equivariant field can fit and shortens the paths (equivariant flow matching, Klein et al. 2023).
+        time_distribution: ``"uniform"`` or ``"beta(1,2)"``.
+        path_sigma: width of the Gaussian straight-line path (Euclidean charts only; 0 = deterministic).
+        t_eps: smallest ``1 - t`` the endpoint velocity divides by (the solvers use at most half a step).
+    """
+
+    def __init__(self, chart: Chart, field: nn.Module, *, parametrization: str = "velocity",
+                 coupling: str = "independent", align_pairs: bool = False, time_distribution: str = "uniform",
+                 path_sigma: float = 0.0, t_eps: float = 1e-3):
+        if not isinstance(chart, Chart):
+            raise TypeError(f"WeightFlow: chart must be a weightflow Chart; got {type(chart).__name__}")
+        if parametrization not in PARAMETRIZATIONS:
+            raise ValueError(f"WeightFlow: parametrization must be one of {PARAMETRIZATIONS}; got {parametrization!r}")
+        if coupling not in COUPLINGS:
+            raise ValueError(f"WeightFlow: coupling must be one of {COUPLINGS}; got {coupling!r}")
+        if time_distribution not in TIME_DISTRIBUTIONS:
+            raise ValueError(f"WeightFlow: time_distribution must be one of {TIME_DISTRIBUTIONS}; "
+                             f"got {time_distribution!r}")
+        self.chart, self.field = chart, field
+        self.parametrization, self.coupling_name, self.align_pairs = parametrization, coupling, bool(align_pairs)
+        self.time_distribution, self.path_sigma, self.t_eps = time_distribution, float(path_sigma), float(t_eps)
+        self.ema = copy.deepcopy(field).requires_grad_(False)
+        m = chart.manifold
+        self.euclidean = isinstance(m, Euclidean)
+        if not self.euclidean and path_sigma > 0:
+            raise ValueError("WeightFlow: path_sigma > 0 is only defined for Euclidean charts")
+        self.coupling = make_coupling(coupling, None if self.euclidean else m)
+        self.path = LinearPath(path_sigma) if self.euclidean else GeodesicPath(m, eps=1.0 - T_MAX)
+        #: one scale per linear layer (weights and bias): the field reads x / scale and writes scale * output
+        self.layer_scale = torch.ones(chart.spec.n_layers)
+
+    def __repr__(self) -> str:
+        return (f"WeightFlow({self.chart!r}, {type(self.field).__name__}, {self.parametrization}, "
+                f"{self.coupling_name} coupling, t ~ {self.time_distribution})")
+
+    @property
+    def spec(self) -> MLPSpec:
+        return self.chart.spec
+
+    def _scale(self, like: Tensor) -> Tensor:
+        s = like.new_empty(self.spec.n_params)
+        for layer in range(self.spec.n_layers):
+            w, b = self.spec.slices(layer)
+            s[w] = float(self.layer_scale[layer])
+            if b is not None:
+                s[b] = float(self.layer_scale[layer])
+        return s
+
+    # ----------------------------------------------------------------------------------- the field
+    def raw(self, t: Tensor | float, points: Tensor, model: nn.Module | None = None) -> Tensor:
+        """The field's output at ``points`` in the flat weight layout (rescaled per layer)."""
+        model = self.ema if model is None else model
+        s = self._scale(points)
+        return model(t, self.chart.layout(points) / s) * s
+
+    def predict_endpoint(self, t: Tensor | float, points: Tensor, model: nn.Module | None = None) -> Tensor:
+        """``x1_hat``, the field's guess of where the path through ``points`` at time ``t`` ends, on the
+        manifold: the output itself (endpoint parametrisation) or ``exp_{x_t}((1 - t) v)`` (velocity)."""
+        if self.parametrization == "endpoint":
+            return self.chart.manifold.projx(self.chart.unlayout(self.raw(t, points, model)))
+        tt = torch.as_tensor(t, dtype=points.dtype, device=points.device)
+        tt = tt.reshape(-1, 1) if tt.dim() else tt
+        return self.chart.manifold.expmap(points, (1 - tt) * self.velocity(t, points, model))
+
+    def velocity(self, t: Tensor | float, points: Tensor, model: nn.Module | None = None,
+                 t_eps: float | None = None) -> Tensor:
+        """The flow's velocity, a tangent vector at every point ``[B, D]`` (``model`` defaults to the EMA)."""
+        if self.parametrization == "velocity":
+            return self.chart.to_tangent(points, self.raw(t, points, model))
+        eps = self.t_eps if t_eps is None else t_eps
+        tt = torch.as_tensor(t, dtype=points.dtype, device=points.device)
+        tt = tt.reshape(-1, 1) if tt.dim() else tt
+        x1_hat = self.chart.manifold.projx(self.chart.unlayout(self.raw(t, points, model)))
+        return self.chart.manifold.logmap(points, x1_hat) / (1 - tt).clamp_min(eps)
+
+    # ------------------------------------------------------------------------------------ training
+    def set_scale(self, points: Tensor) -> None:
+        """Per-layer root-mean-square of the target networks' coordinates (the field's input scale)."""
+        w = self.chart.layout(points)
+        for layer in range(self.spec.n_layers):
+            ws, bs = self.spec.slices(layer)
+            part = torch.cat([w[:, ws], w[:, bs]], 1) if bs is not None else w[:, ws]
+            self.layer_scale[layer] = part.pow(2).mean().sqrt().clamp_min(1e-3).item()
+
+    def loss(self, x0: Tensor, x1: Tensor, t: Tensor, model: nn.Module | None = None,
+             generator: torch.Generator | None = None) -> Tensor:
+        """The conditional flow-matching loss on paired points (mean squared error per coordinate, in the
+        chart's metric). Endpoint mode regresses ``log_{x_t}(x1_hat)`` onto ``(1 - t) u_t``: the velocity loss
+        weighted by ``(1 - t)^2`` (on a straight path exactly ``|x1_hat - x1|^2``)."""
+        model = self.field if model is None else model
+        t = t.clamp(max=T_MAX)
+        xt, ut = self.path.sample(x0, x1, t, generator=generator)
+        if self.parametrization == "velocity":
+            err = self.chart.to_tangent(xt, self.raw(t, xt, model)) - ut
+        else:
+            disp = self.chart.manifold.logmap(xt, self.predict_endpoint(t, xt, model))
+            err = disp - (1 - t).unsqueeze(1) * ut
+        return (err * err).mean()
+
+    def pair(self, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
+        """Couple source and target points (and align each target's neurons to its partner, if set)."""
+        x0, x1 = self.coupling(x0, x1)
+        if self.align_pairs:
+            with torch.no_grad():
+                x1 = self.chart.unlayout(_align(self.spec, self.chart.layout(x0), self.chart.layout(x1), max_iter=20))
+        return x0, x1
+
+    def fit(self, networks: Tensor, *, steps: int, batch_size: int = 256, lr: float = 1e-3, ema_decay: float = 0.999,
+            weight_decay: float = 0.0, generator: torch.Generator | None = None, progress: bool | None = None,
+            desc: str = "weight flow") -> FitResult:
+        """Train the field on a population ``networks [N, D]`` (mapped to the chart once).
+
+        Args:
+            networks: the target population (ordinary weights of ``chart.spec``).
+            steps: optimizer steps; each draws ``batch_size`` target networks (shuffled per epoch, without
+                replacement), as many source points, couples them and draws times.
+            batch_size: networks per step (one batched graph).
+            lr: Adam(W) learning rate, cosine-decayed to 5 % over the run.
+            ema_decay: decay of the exponential moving average used for sampling.
+            weight_decay: AdamW weight decay.
+            generator: all randomness of the run.
+            progress: tqdm bar (default: :func:`wsbook.config.progress_enabled`, off under ``WSBOOK_PROGRESS=0``).
+        """
+        if steps < 1 or batch_size < 1:
+            raise ValueError(f"fit: steps and batch_size must be positive; got {steps}, {batch_size}")
+        gen = generator if generator is not None else torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            points = self.chart.to_points(networks)
+        self.set_scale(points)
+        n = points.shape[0]
+        device = next(self.field.parameters()).device
+        points = points.to(device)
+        self.ema.load_state_dict(self.field.state_dict())
+        opt = torch.optim.AdamW(self.field.parameters(), lr=lr, weight_decay=weight_decay)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps, eta_min=0.05 * lr)
+        losses = torch.empty(steps)
+        from tqdm.auto import trange
+
+        show = config.progress_enabled() if progress is None else progress
+        bar = trange(steps, desc=desc, disable=not show, leave=False)
+        order, pos, start = torch.randperm(n, generator=gen), 0, time.perf_counter()
+        for step in bar:
+            if pos + batch_size > n:
+                order, pos = torch.randperm(n, generator=gen), 0
+            idx = order[pos:pos + batch_size] if batch_size <= n else torch.randint(0, n, (batch_size,), generator=gen)
+            pos += batch_size
+            x1 = points[idx.to(device)]
+            x0 = self.chart.sample_source(x1.shape[0], gen).to(device)
+            x0, x1 = self.pair(x0, x1)
+            t = sample_times(x1.shape[0], self.time_distribution, gen).to(device)
+            loss = self.loss(x0, x1, t, self.field, gen)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"WeightFlow.fit: loss is {loss.item()} at step {step}; lower lr or check data")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            with torch.no_grad():
+                for pe, pm in zip(self.ema.parameters(), self.field.parameters()):
+                    pe.lerp_(pm, 1 - ema_decay)
+            losses[step] = loss.detach()
+            if show and step % 25 == 0:
+                bar.set_postfix(loss=f"{loss.item():.4f}")
+        return FitResult(losses=losses, seconds=time.perf_counter() - start)
+
+    # ------------------------------------------------------------------------------------ sampling
+    def integrate(self, x0: Tensor, *, steps: int = 100, method: str = "euler", guidance: Guidance | None = None,
+                  return_trajectory: bool = False, model: nn.Module | None = None) -> ODEResult:
+        """Integrate the flow from source points ``x0 [B, D]`` (on the chart's manifold) to ``t = 1``."""
+        x0 = self.chart.check_points(x0, "x0")
+        eps = min(self.t_eps, 0.5 / steps)
+
+        def fn(t, x):
+            v = self.velocity(t, x, model, eps)
+            if guidance is not None:
+                v = v + guidance.vector(self.chart, x, float(t))
+            return v
+
+        res = solve_ode(fn, x0, method=method, steps=steps, manifold=None if self.euclidean else self.chart.manifold,
+                        return_trajectory=return_trajectory)
+        if not torch.isfinite(res.x).all():
+            raise FloatingPointError("WeightFlow: the sampled points contain NaN or inf (check the field and t_eps)")
+        return res
+
+    def sample(self, n: int, *, steps: int = 100, method: str = "euler", generator: torch.Generator | None = None,
+               x0: Tensor | None = None, guidance: Guidance | None = None, batch_size: int | None = None) -> Tensor:
+        """``n`` new networks ``[n, D]`` (ordinary weights of ``chart.spec``).
+
+        Args:
+            n: number of networks.
+            steps: solver steps from t = 0 to 1.
+            method: ``"euler"``, ``"midpoint"`` or ``"rk4"`` (exp-map steps on the spheres).
+            generator: draws the source points.
+            x0: source points to start from instead (``[n, D]`` on the chart's manifold).
+            guidance: task-loss guidance (:class:`Guidance`) or ``None``.
+            batch_size: integrate in chunks of this many networks (memory), ``None`` = all at once.
+        """
+        x0 = self.chart.sample_source(n, generator) if x0 is None else x0
+        if x0.shape[0] != n:
+            raise ValueError(f"sample: x0 has {x0.shape[0]} points but n = {n}")
+        device = next(self.field.parameters()).device
+        x0 = x0.to(device)
+        chunks = [x0] if batch_size is None else list(x0.split(batch_size))
+        points = torch.cat([self.integrate(c, steps=steps, method=method, guidance=guidance).x for c in chunks])
+        return self.chart.to_weights(points)
+
+    # ---------------------------------------------------------------------------------- likelihood
+    def likelihood(self, points: Tensor, *, steps: int = 20, method: str = "rk4", estimator: str = "auto",
+                   n_probes: int = 4, generator: torch.Generator | None = None,
+                   model: nn.Module | None = None) -> LikelihoodResult:
+        """Log-density of chart points under the flow (w.r.t. the manifold's volume): the source log-density
+        of the point the reversed flow reaches minus the integrated divergence. ``estimator``: ``"exact"``
+        (one backward pass per coordinate), ``"hutchinson"`` (``n_probes`` fixed Rademacher probes) or
+        ``"auto"`` (exact up to 64 coordinates)."""
+        if self.chart.kind == "normalized":
+            raise ValueError("WeightFlow.likelihood: a Normalized flow runs in R^D from a source on the spheres and "
+                             "has no density; use a Geometric (or Euclidean) chart for likelihoods")
+        points = self.chart.check_points(points)
+        if estimator == "auto":
+            estimator = "exact" if self.chart.dim <= 64 else "hutchinson"
+        eps = min(self.t_eps, 0.5 / steps)
+        return log_likelihood(lambda t, x: self.velocity(t, x, model, eps), points, manifold=self.chart.manifold,
+                              base_logprob=self.chart.source_log_prob, method=method, steps=steps,
+                              estimator=estimator, n_probes=n_probes, generator=generator)
+
+    def log_prob(self, networks: Tensor, **kwargs) -> Tensor:
+        """``log p(networks)`` ``[B]``: the networks are mapped to the chart (canonicalized for the Geometric
+        chart: the density of a network is that of its canonical representative) and passed to
+        :meth:`likelihood` (keyword arguments as there)."""
+        with torch.no_grad():
+            points = self.chart.to_points(networks)
+        return self.likelihood(points, **kwargs).logp
+
+    # ------------------------------------------------------------------------ transfer, persistence
+    def settings(self) -> dict:
+        return {"parametrization": self.parametrization, "coupling": self.coupling_name, "align_pairs": self.align_pairs,
+                "time_distribution": self.time_distribution, "path_sigma": self.path_sigma, "t_eps": self.t_eps}
+
+    def with_spec(self, spec: MLPSpec) -> "WeightFlow":
+        """This trained flow on networks of another hidden width (same depth, inputs and outputs): the chart
+        for ``spec`` and the same field weights on the new neural graph."""
+        new = WeightFlow(self.chart.with_spec(spec), self.field.with_spec(spec), **self.settings())
+        new.ema = self.ema.with_spec(spec).requires_grad_(False)
+        new.layer_scale = self.layer_scale.clone()
+        return new
+
+    def state_dict(self) -> dict:
+        """Everything needed to rebuild the flow, as tensors, numbers, strings and dicts (cacheable with
+        :mod:`wsbook.cache`)."""
+        if not hasattr(self.field, "config"):
+            raise TypeError(f"state_dict: the field {type(self.field).__name__} has no config(); use gnn_field or FlatField")
+        return {"chart": self.chart.config(), "field_config": self.field.config(), "settings": self.settings(),
+                "field": {k: v.detach().cpu() for k, v in self.field.state_dict().items()},
+                "ema": {k: v.detach().cpu() for k, v in self.ema.state_dict().items()},
+                "layer_scale": self.layer_scale.clone()}
+
+    @classmethod
+    def from_state(cls, state: dict, device: torch.device | str | None = None) -> "WeightFlow":
+        """Rebuild a flow saved by :meth:`state_dict`."""
+        chart = chart_from_config(state["chart"])
+        field = field_from_config(state["field_config"])
+        field.load_state_dict(state["field"])
+        flow = cls(chart, field.to(device or "cpu"), **state["settings"])
+        flow.ema.load_state_dict(state["ema"])
+        flow.layer_scale = state["layer_scale"].detach().cpu().clone()
+        return flow
+
+
+def reference_sample(flow: WeightFlow, n: int, *, steps: int = 100, generator: torch.Generator | None = None,
+                     x0: Tensor | None = None) -> Tensor:
+    """The reference code's sampler, reproduced to measure its error (``ege-erdogan/weightflow``,
+    ``CFM.vector_field``): Euler steps along ``x1_hat(x_t, t) - x0`` instead of ``(x1_hat - x_t) / (1 - t)``.
+    Integrating it gives ``x_1 = integral_0^1 x1_hat(x_t, t) dt``, a time average of the field's guesses,
+    which early on sit near the target's mean: the samples lose spread. Euclidean charts
+    only (a velocity field's guess is ``x_t + (1 - t) v``); returns networks ``[n, D]``."""
+    if not flow.euclidean:
+        raise ValueError("reference_sample: reproduced for Euclidean charts only")
+    x0 = flow.chart.sample_source(n, generator) if x0 is None else flow.chart.check_points(x0, "x0")
+    x, h = x0.clone(), 1.0 / steps
+    with torch.no_grad():
+        for k in range(steps):
+            x = x + h * (flow.predict_endpoint(k * h, x) - x0)
+    return flow.chart.to_weights(x)
+
+
+__all__ = ["WeightFlow", "FitResult", "reference_sample", "sample_times", "PARAMETRIZATIONS", "TIME_DISTRIBUTIONS",
+           "COUPLINGS"]
