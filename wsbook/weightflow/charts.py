@@ -46,18 +46,8 @@ def _finite(x: Tensor, what: str) -> Tensor:
 
 def _align(spec: MLPSpec, reference: Tensor, theta: Tensor, max_iter: int = 100) -> Tensor:
     """Weight matching of every network to ``reference`` (one network, or one per member); returns the
-    aligned population.
-
-    (Adapter: today's ``weight_matching`` returns a tuple ``(perms, aligned)``; a result object with an
-    ``aligned`` / ``theta`` field is accepted as well.)
-    """
-    res = weight_matching(spec, reference, theta, max_iter=max_iter)
-    if isinstance(res, tuple):
-        return res[1]
-    for name in ("aligned", "theta"):
-        if hasattr(res, name):
-            return getattr(res, name)
-    raise TypeError(f"unexpected weight_matching result {type(res).__name__}")
+    aligned population."""
+    return weight_matching(spec, reference, theta, max_iter=max_iter).aligned
 
 
 class Chart:

@@ -22,7 +22,6 @@ midpoint, RK4; exponential-map steps on the spheres); likelihoods use :func:`wsb
 from __future__ import annotations
 
 import copy
-import time
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +29,7 @@ from torch import Tensor, nn
 
 from wsbook import config
 from wsbook.flows import GeodesicPath, LinearPath, LikelihoodResult, ODEResult, log_likelihood, make_coupling, solve_ode
+from wsbook.loop import EMA, Minibatches, descend, make_optimizer
 from wsbook.manifolds import Euclidean
 from wsbook.nets import MLPSpec
 from wsbook.weightflow.charts import Chart, _align, chart_from_config
@@ -196,50 +196,30 @@ class WeightFlow:
             lr: Adam(W) learning rate, cosine-decayed to 5 % over the run.
             ema_decay: decay of the exponential moving average used for sampling.
             weight_decay: AdamW weight decay.
-            generator: all randomness of the run.
+            generator: all randomness of the run (``None``: torch's global generator).
             progress: tqdm bar (default: :func:`wsbook.config.progress_enabled`, off under ``WSBOOK_PROGRESS=0``).
         """
-        if steps < 1 or batch_size < 1:
-            raise ValueError(f"fit: steps and batch_size must be positive; got {steps}, {batch_size}")
-        gen = generator if generator is not None else torch.Generator().manual_seed(0)
         with torch.no_grad():
             points = self.chart.to_points(networks)
         self.set_scale(points)
-        n = points.shape[0]
         device = next(self.field.parameters()).device
         points = points.to(device)
-        self.ema.load_state_dict(self.field.state_dict())
-        opt = torch.optim.AdamW(self.field.parameters(), lr=lr, weight_decay=weight_decay)
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps, eta_min=0.05 * lr)
-        losses = torch.empty(steps)
-        from tqdm.auto import trange
+        batches = Minibatches(points.shape[0], batch_size, generator=generator, device=device)
+        ema = EMA(self.field, ema_decay)
+        self.ema = ema.module
 
-        show = config.progress_enabled() if progress is None else progress
-        bar = trange(steps, desc=desc, disable=not show, leave=False)
-        order, pos, start = torch.randperm(n, generator=gen), 0, time.perf_counter()
-        for step in bar:
-            if pos + batch_size > n:
-                order, pos = torch.randperm(n, generator=gen), 0
-            idx = order[pos:pos + batch_size] if batch_size <= n else torch.randint(0, n, (batch_size,), generator=gen)
-            pos += batch_size
-            x1 = points[idx.to(device)]
-            x0 = self.chart.sample_source(x1.shape[0], gen).to(device)
+        def step_loss(step: int) -> Tensor:
+            idx = batches(step)
+            x1 = points if idx is None else points[idx]
+            x0 = self.chart.sample_source(x1.shape[0], generator).to(device)
             x0, x1 = self.pair(x0, x1)
-            t = sample_times(x1.shape[0], self.time_distribution, gen).to(device)
-            loss = self.loss(x0, x1, t, self.field, gen)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"WeightFlow.fit: loss is {loss.item()} at step {step}; lower lr or check data")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            with torch.no_grad():
-                for pe, pm in zip(self.ema.parameters(), self.field.parameters()):
-                    pe.lerp_(pm, 1 - ema_decay)
-            losses[step] = loss.detach()
-            if show and step % 25 == 0:
-                bar.set_postfix(loss=f"{loss.item():.4f}")
-        return FitResult(losses=losses, seconds=time.perf_counter() - start)
+            t = sample_times(x1.shape[0], self.time_distribution, generator).to(device)
+            return self.loss(x0, x1, t, self.field, generator)
+
+        opt = make_optimizer(self.field.parameters(), "adamw", lr=lr, weight_decay=weight_decay)
+        run = descend(step_loss, opt, steps, schedule="cosine", min_lr=0.05 * lr, ema=ema, progress=progress,
+                      desc=desc)
+        return FitResult(losses=run.losses.detach().cpu(), seconds=run.seconds)
 
     # ------------------------------------------------------------------------------------ sampling
     def integrate(self, x0: Tensor, *, steps: int = 100, method: str = "euler", guidance: Guidance | None = None,
