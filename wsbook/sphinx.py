@@ -99,7 +99,44 @@ def _page_context(app, pagename, templatename, context, doctree) -> None:
         context["theme_extra_footer"] = theme.replace(_CITE_HREF, context["pathto"]("book/cite"))
 
 
+def _author_year_styles() -> None:
+    """Register the pybtex style ``wsbook_author_year``: the bibliography's labels read like the citations
+    in the text ("Frankle et al., 2020"), entries sorted by author, year and title."""
+    from pybtex.plugin import register_plugin
+    from pybtex.richtext import Text
+    from pybtex.style.formatting.unsrt import Style as UnsrtStyle
+    from pybtex.style.labels import BaseLabelStyle
+
+    def last(person) -> str:
+        return Text.from_latex(" ".join(person.prelast_names + person.last_names)).render_as("text")
+
+    class AuthorYearLabels(BaseLabelStyle):
+        def format_labels(self, sorted_entries):
+            for entry in sorted_entries:
+                people = entry.persons.get("author") or entry.persons.get("editor") or []
+                if not people:
+                    name = entry.key
+                elif len(people) == 1:
+                    name = last(people[0])
+                elif len(people) == 2:
+                    name = f"{last(people[0])} and {last(people[1])}"
+                else:
+                    name = f"{last(people[0])} et al."
+                yield f"{name}, {entry.fields.get('year', 'n.d.')}"
+
+    class AuthorYearStyle(UnsrtStyle):
+        default_label_style = AuthorYearLabels
+        default_sorting_style = "author_year_title"
+
+    for group, plugin in (("pybtex.style.labels", AuthorYearLabels), ("pybtex.style.formatting", AuthorYearStyle)):
+        try:
+            register_plugin(group, "wsbook_author_year", plugin)
+        except Exception:   # already registered (a second build in one process)
+            pass
+
+
 def setup(app):
+    _author_year_styles()
     # Keep plotly from reconfiguring the page's MathJax (it only needs MathJax for LaTeX labels); both
     # scripts are added per page in _page_context.
     app.connect("config-inited", _stamp)
