@@ -52,6 +52,9 @@ METHOD_LABELS: dict[str, str] = {
     "sign_aware_weight_matching": "sign-aware weight matching", "pna": "PNA",
     "relational_transformer": "relational transformer", "mlp": "MLP", "mlp_augmented": "MLP (augmented)",
     "kendall_tau": "Kendall τ", "r2": "R²",
+    # metric columns
+    "nll": "test NLL", "ece": "ECE", "brier": "Brier", "accuracy": "accuracy",
+    "agreement": "agreement with HMC", "tv": "total variation to HMC", "seconds": "seconds",
 }
 
 
