@@ -40,8 +40,11 @@ def pages() -> list[Path]:
 def server():
     if not (HTML / "index.html").exists():
         pytest.fail(f"no built book at {HTML}: run the book gate first")
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(HTML))
-    handler.log_message = lambda *a, **k: None
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args, **kwargs):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(HTML))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -79,9 +82,11 @@ FIGURE_CHECK = """
 })
 """
 
+# Hidden (hide-input) cells are opened first: a reader who expands them should not have to scroll either.
 WIDE_CODE = """
-() => Array.from(document.querySelectorAll('.cell_input pre')).filter(el => el.scrollWidth > el.clientWidth + 1)
-  .map(el => el.innerText.split('\\n').sort((a, b) => b.length - a.length)[0].slice(0, 100))
+() => { document.querySelectorAll('details').forEach(d => { d.open = true; });
+  return Array.from(document.querySelectorAll('.cell_input pre')).filter(el => el.scrollWidth > el.clientWidth + 1)
+  .map(el => el.textContent.split('\\n').sort((a, b) => b.length - a.length)[0].slice(0, 100)); }
 """
 
 
