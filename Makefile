@@ -12,11 +12,14 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml book/jupyterlab-overrides.json
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@if [ -n "$(TORCH)" ] && ! $(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$(TORCH)'.split('==')[-1])" 2>/dev/null; then \
 	  echo "installing $(TORCH) first"; $(PY) -m pip install -q "$(TORCH)"; fi
 	$(PY) -m pip install -q -e ".[dev]"
+	@# JupyterLab in this environment opens the chapters (.md) as notebooks through jupytext
+	@mkdir -p $(VENV)/share/jupyter/lab/settings
+	@cp book/jupyterlab-overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	@touch $(STAMP)
 
 book: install
@@ -47,8 +50,6 @@ bench: install
 	@for f in benchmarks/bench_*.py; do $(PY) $$f || exit 1; done
 
 lab: install
-	@mkdir -p $(VENV)/share/jupyter/lab/settings
-	@cp book/jupyterlab-overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	$(VENV)/bin/jupyter lab chapters
 
 clean:

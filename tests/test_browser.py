@@ -2,7 +2,11 @@
 
 Fails on any JavaScript console error or uncaught exception, checks that pages with figures contain
 plotly-rendered SVG and that pages with math were typeset by MathJax, and saves screenshots to
-``_build/screenshots/``. The HTML directory comes from ``WSBOOK_HTML_DIR`` (set by ``tests/gates.py``).
+``_build/screenshots/``. On every chapter page it also checks what a reader meets (issue 11): every
+figure has axis titles and a numbered caption, no code cell is wider than the page, no cell leaves a
+stray plain-text result (``True``, ``16``), the executed ``.ipynb`` download link works, and plotly.js is
+loaded only by pages that draw a figure. The HTML directory comes from ``WSBOOK_HTML_DIR`` (set by
+``tests/gates.py``).
 """
 from __future__ import annotations
 
@@ -36,8 +40,11 @@ def pages() -> list[Path]:
 def server():
     if not (HTML / "index.html").exists():
         pytest.fail(f"no built book at {HTML}: run the book gate first")
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(HTML))
-    handler.log_message = lambda *a, **k: None
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args, **kwargs):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(HTML))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -55,6 +62,79 @@ def browser():
         b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
         yield b
         b.close()
+
+
+def chapter_pages() -> list[Path]:
+    return [p for p in pages() if p.parent.name == "chapters"]
+
+
+# For every plotly figure: is there a visible x / y axis without a title, and is it inside a captioned figure?
+FIGURE_CHECK = """
+() => Array.from(document.querySelectorAll('.js-plotly-plot')).map((el, i) => {
+  const L = el._fullLayout || {};
+  const axes = Object.keys(L).filter(k => /^[xy]axis[0-9]*$/.test(k) && L[k] && L[k].visible !== false);
+  const titled = k => !!(L[k].title && L[k].title.text);
+  const missing = ['x', 'y'].filter(a => axes.some(k => k[0] === a) && !axes.some(k => k[0] === a && titled(k)));
+  const fig = el.closest('figure');
+  const caption = fig ? fig.querySelector('figcaption') : null;
+  return {index: i, title: (L.title && L.title.text) || '', missing: missing,
+          caption: caption ? caption.innerText.trim() : ''};
+})
+"""
+
+# Hidden (hide-input) cells are opened first: a reader who expands them should not have to scroll either.
+WIDE_CODE = """
+() => { document.querySelectorAll('details').forEach(d => { d.open = true; });
+  return Array.from(document.querySelectorAll('.cell_input pre')).filter(el => el.scrollWidth > el.clientWidth + 1)
+  .map(el => el.textContent.split('\\n').sort((a, b) => b.length - a.length)[0].slice(0, 100)); }
+"""
+
+
+@pytest.mark.parametrize("page", chapter_pages(), ids=lambda p: p.name)
+def test_chapter_page_reads_cleanly(server, browser, page):
+    """Issue 11: figures with axis titles and numbered captions, no code wider than the page, no stray
+    outputs, a working .ipynb download."""
+    import json
+    import urllib.request
+
+    url = f"{server}/{page.relative_to(HTML).as_posix()}"
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    tab = context.new_page()
+    tab.goto(url, wait_until="load")
+    html = page.read_text()
+    n_figures = html.count("Plotly.newPlot")
+    if n_figures:
+        tab.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}",
+                              timeout=60_000)
+    figures = tab.evaluate(FIGURE_CHECK)
+    wide = tab.evaluate(WIDE_CODE)
+    stray = tab.evaluate("Array.from(document.querySelectorAll('.cell_output .output.text_plain'))"
+                         ".map(el => el.innerText.trim().slice(0, 60))")
+    links = tab.evaluate("Array.from(document.querySelectorAll('a[href$=\".ipynb\"]')).map(a => a.href)")
+    context.close()
+    problems = [f"figure {f['index']} ({f['title'][:50]!r}): no {'/'.join(f['missing'])}-axis title"
+                for f in figures if f["missing"]]
+    problems += [f"figure {f['index']} ({f['title'][:50]!r}): no caption" for f in figures
+                 if not f["caption"]]
+    problems += [f"code cell wider than the page: {line!r}" for line in wide]
+    problems += [f"stray output: {text!r}" for text in stray]
+    assert links, "no .ipynb download link on the page"
+    with urllib.request.urlopen(links[0]) as response:
+        notebook = json.loads(response.read())
+    if not notebook.get("cells"):
+        problems.append(f"the downloaded notebook {links[0]} has no cells")
+    assert not problems, "\n".join(problems)
+
+
+def test_plotly_only_on_pages_with_figures():
+    """Issue 11: plotly.js (megabytes) is linked only by the pages that draw a figure."""
+    for page in pages():
+        html = page.read_text()
+        if "http-equiv=\"Refresh\"" in html:
+            continue
+        loads = "plotly.min.js" in html
+        draws = "Plotly.newPlot" in html
+        assert loads == draws, f"{page.name}: loads plotly.js={loads}, draws a figure={draws}"
 
 
 def test_there_are_pages():

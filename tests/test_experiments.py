@@ -135,3 +135,30 @@ def test_rgba_uses_public_colour_parsing():
     assert figures.rgba("#0072B2", 0.25) == "rgba(0,114,178,0.25)"
     with pytest.raises(ValueError, match="alpha"):
         figures.rgba("#0072B2", 1.5)
+
+
+def test_reader_figure_fixes():
+    """Issue 11: round spheres, bands without markers, readable names, targets in trajectory plots, and the
+    canonicalization figure showing matched pairs (a permutation moves no point)."""
+    from wsbook import figures
+    from wsbook.nets import MLPSpec
+    from wsbook.symmetry import permute, random_permutation
+
+    fig = figures.curves_with_bands([0, 1, 2], {"sgd_trajectory": ([1, 2, 3], [0, 1, 2], [2, 3, 4])})
+    band, line = fig.data
+    assert band.mode == "lines" and line.name == "Adam checkpoints"
+    assert figures.label("kendall_tau") == "Kendall τ" and figures.label("test NLL") == "test NLL"
+    sphere = figures.sphere_samples({"target": torch.randn(20, 3)})
+    ranges = [tuple(sphere.layout.scene[a].range) for a in ("xaxis", "yaxis", "zaxis")]
+    assert len(set(ranges)) == 1, f"unequal axis ranges draw the sphere as an ellipsoid: {ranges}"
+    traj = figures.trajectories_2d({"ot": torch.randn(5, 4, 2)}, target=torch.randn(30, 2))
+    assert any(t.name == "target samples" for t in traj.data)
+    assert traj.layout.xaxis.title.text and traj.layout.yaxis.title.text
+    spec = MLPSpec((2, 6, 2))
+    theta = spec.init(3, generator=torch.Generator().manual_seed(0))
+    moved = permute(spec, theta, random_permutation(spec, 3, generator=torch.Generator().manual_seed(1)))
+    fig = figures.neurons_on_sphere(spec, theta, moved)
+    pairs = [t for t in fig.data if t.name == "matched pairs"]
+    assert len(pairs) == 4, "one set of segments per non-reference network and panel"
+    with pytest.raises(ValueError, match="members"):
+        figures.neurons_on_sphere(spec, theta, moved, members=1)

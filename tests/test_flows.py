@@ -1,6 +1,7 @@
 """Mathematics of wsbook.flows: couplings, paths, solvers, likelihoods, training."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -294,3 +295,20 @@ def test_wasserstein2_names_nan_and_inf_inputs():
     s = Sphere(3)
     with pytest.raises(ValueError, match="NaN"):
         flows.wasserstein2(s.projx(x), torch.full((5, 3), float("nan")), s)
+
+
+def test_mmd2_is_unbiased_where_w2_has_a_floor():
+    """Issue 11: two samples of one distribution have a positive empirical W2 but an MMD^2 centred on 0;
+    a shifted distribution is clearly separated from it."""
+    g = torch.Generator().manual_seed(0)
+    same = [flows.mmd2(torch.randn(300, 2, generator=g), torch.randn(300, 2, generator=g)) for _ in range(20)]
+    shifted = flows.mmd2(torch.randn(300, 2, generator=g) + 0.5, torch.randn(300, 2, generator=g))
+    spread = float(np.std(same))
+    assert abs(float(np.mean(same))) < 3 * spread / np.sqrt(len(same)) + 1e-4
+    assert min(same) < 0 < max(same), "an unbiased estimate scatters on both sides of 0"
+    assert shifted > 10 * spread
+    assert flows.wasserstein2(torch.randn(300, 2, generator=g), torch.randn(300, 2, generator=g)) > 0.05
+    with pytest.raises(ValueError, match="mmd2"):
+        flows.mmd2(torch.randn(5, 2), torch.randn(5, 3))
+    with pytest.raises(ValueError, match="positive"):
+        flows.mmd2(torch.randn(5, 2), torch.randn(5, 2), bandwidths=[0.0])

@@ -16,13 +16,13 @@ class PlainText(str):
         return str(self)
 
 
-def glue(name: str, value: Any, fmt: str | None = None, display: bool = False) -> Any:
+def glue(name: str, value: Any, fmt: str | None = None, display: bool = False) -> None:
     """Glue ``value`` under ``name`` for ``{glue:}`name``` in the prose; ``fmt`` formats numbers
-    (e.g. ``".3f"``). Tensors and NumPy scalars are converted to Python numbers first. Returns the value."""
+    (e.g. ``".3f"``). Tensors and NumPy scalars are converted to Python numbers first. Returns nothing, so
+    a ``glue`` call that ends a cell leaves no stray output (``'49,985'``) on the page."""
     from myst_nb import glue as myst_glue
 
     if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
         value = value.item()
     shown = PlainText(format(value, fmt) if fmt else value) if (fmt or isinstance(value, str)) else value
     myst_glue(name, shown, display=display)
-    return value

@@ -1,8 +1,13 @@
-"""Sphinx extension used by the book build: ship ``plotly.min.js`` with the HTML (no CDN, no require.js).
+"""Sphinx extension used by the book build: ship ``plotly.min.js`` with the HTML (no CDN, no require.js),
+and stamp the book with its version, build date and scale.
 
 Figures rendered by :class:`wsbook.figures.BookRenderer` are plain divs plus a ``Plotly.newPlot`` call,
 so the library must be loaded, synchronously, before the page body; this extension copies the copy of
-plotly.js that ships with the installed ``plotly`` package into ``_static`` and links it in ``<head>``.
+plotly.js that ships with the installed ``plotly`` package into ``_static`` and links it in the ``<head>``
+of the pages that draw a figure, and only those (about 4.6 MB that a page without figures never loads).
+
+The build stamp is available to every page as the MyST substitutions ``{{ wsbook_version }}``,
+``{{ build_date }}`` and ``{{ build_scale }}``, and is shown in the footer of every page.
 """
 from __future__ import annotations
 
@@ -52,10 +57,90 @@ def _dedupe_inline_scripts(outdir: Path) -> None:
             page.write_text(fixed, encoding="utf-8")
 
 
+_CITE_HREF = "@wsbook-cite-page@"   # replaced by the page-relative link to book/cite
+
+
+def build_stamp() -> dict[str, str]:
+    """``wsbook_version``, ``build_date`` (UTC, ISO) and ``build_scale`` of this build."""
+    import datetime
+
+    import wsbook
+
+    try:
+        from importlib.metadata import version
+
+        release = version("wsbook")
+    except Exception:  # not installed as a distribution (PYTHONPATH checkout)
+        release = getattr(wsbook, "__version__", "unknown")
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    return {"wsbook_version": release, "build_date": date, "build_scale": wsbook.scale()}
+
+
+def _stamp(app, config) -> None:
+    stamp = build_stamp()
+    subs = dict(getattr(config, "myst_substitutions", None) or {})
+    subs.update(stamp)
+    config.myst_substitutions = subs
+    options = dict(config.html_theme_options or {})
+    footer = (f"wsbook {stamp['wsbook_version']}, built {stamp['build_date']} at scale "
+              f"<code>{stamp['build_scale']}</code> (<a href=\"{_CITE_HREF}\">how to cite</a>)")
+    options["extra_footer"] = (options.get("extra_footer") or "") + f"<p>{footer}</p>"
+    config.html_theme_options = options
+
+
+def _page_context(app, pagename, templatename, context, doctree) -> None:
+    # Plotly only where a figure is drawn; the page body is already rendered here.
+    if "Plotly.newPlot" in (context.get("body") or ""):
+        app.add_js_file(None, body="window.PlotlyConfig = {MathJaxConfig: 'local'};", priority=100)
+        app.add_js_file("plotly.min.js", priority=101)
+    # The footer's "how to cite" link is relative to the page.
+    theme = context.get("theme_extra_footer")
+    if theme and _CITE_HREF in theme and "pathto" in context:
+        context["theme_extra_footer"] = theme.replace(_CITE_HREF, context["pathto"]("book/cite"))
+
+
+def _author_year_styles() -> None:
+    """Register the pybtex style ``wsbook_author_year``: the bibliography's labels read like the citations
+    in the text ("Frankle et al., 2020"), entries sorted by author, year and title."""
+    from pybtex.plugin import register_plugin
+    from pybtex.richtext import Text
+    from pybtex.style.formatting.unsrt import Style as UnsrtStyle
+    from pybtex.style.labels import BaseLabelStyle
+
+    def last(person) -> str:
+        return Text.from_latex(" ".join(person.prelast_names + person.last_names)).render_as("text")
+
+    class AuthorYearLabels(BaseLabelStyle):
+        def format_labels(self, sorted_entries):
+            for entry in sorted_entries:
+                people = entry.persons.get("author") or entry.persons.get("editor") or []
+                if not people:
+                    name = entry.key
+                elif len(people) == 1:
+                    name = last(people[0])
+                elif len(people) == 2:
+                    name = f"{last(people[0])} and {last(people[1])}"
+                else:
+                    name = f"{last(people[0])} et al."
+                yield f"{name}, {entry.fields.get('year', 'n.d.')}"
+
+    class AuthorYearStyle(UnsrtStyle):
+        default_label_style = AuthorYearLabels
+        default_sorting_style = "author_year_title"
+
+    for group, plugin in (("pybtex.style.labels", AuthorYearLabels), ("pybtex.style.formatting", AuthorYearStyle)):
+        try:
+            register_plugin(group, "wsbook_author_year", plugin)
+        except Exception:   # already registered (a second build in one process)
+            pass
+
+
 def setup(app):
-    # Keep plotly from reconfiguring the page's MathJax (it only needs MathJax for LaTeX labels).
-    app.add_js_file(None, body="window.PlotlyConfig = {MathJaxConfig: 'local'};", priority=100)
-    app.add_js_file("plotly.min.js", priority=101)
+    _author_year_styles()
+    # Keep plotly from reconfiguring the page's MathJax (it only needs MathJax for LaTeX labels); both
+    # scripts are added per page in _page_context.
+    app.connect("config-inited", _stamp)
+    app.connect("html-page-context", _page_context)
     app.connect("build-finished", _finish_html)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
 

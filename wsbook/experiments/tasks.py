@@ -292,6 +292,8 @@ def chain_modes(task: str, n: int, seed: int = 0, method: str = "hmc") -> dict:
     the test-set predictive probabilities across chains (weights far above 1 and functions near 1: different
     modes, one function; Izmailov et al., 2021; thesis 000, sec. 2.4), the mean distance between chain means
     and the mean distance between the means of the two halves of one chain, and pairwise chain agreement.
+    ``aligned_weight_rhat`` and ``aligned_between`` repeat the weight-space numbers after each chain is
+    permuted onto chain 0 by weight matching (chapter 5): what permutation symmetry explains.
     See chapter 2, "Properties of neural-network posteriors: many modes, one function".
 
     Args:
@@ -314,8 +316,20 @@ def chain_modes(task: str, n: int, seed: int = 0, method: str = "hmc") -> dict:
     p = probs.mean(0)                                                      # [C, N, K]
     means = theta.mean(0)
     half = (theta[:S // 2].mean(0) - theta[S - S // 2:].mean(0)).norm(dim=-1).mean()
-    between = torch.cdist(means, means)[~torch.eye(C, dtype=torch.bool, device=means.device)]
+    off = ~torch.eye(C, dtype=torch.bool, device=means.device)
+    between = torch.cdist(means, means)[off]
+    # Permutation copies? Align every chain's mean to chain 0's by weight matching (chapter 5) and apply the
+    # chain's permutation to all its draws; what is left between chains is not a relabelling of neurons.
+    from wsbook.symmetry import permute, weight_matching
+
+    spec = get_task(task).spec
+    perms = weight_matching(spec, means[:1], means).perms                  # one [C, width] per hidden layer
+    aligned = permute(spec, theta.reshape(S * C, -1), [q.repeat(S, 1) for q in perms]).view(S, C, -1)
+    aligned_means = aligned.mean(0)
     return dict(chain_accuracy=M.accuracy(p, y), chain_nll=M.nll(p, y),
                 weight_rhat=float(M.split_rhat(theta).median()), function_rhat=float(M.split_rhat(probs).median()),
+                aligned_weight_rhat=float(M.split_rhat(aligned).median()),
+                aligned_between=float(torch.cdist(aligned_means, aligned_means)[off].mean()),
+                draws_per_chain=S, n_chains=C,
                 between=float(between.mean()), within_drift=float(half),
                 pairwise_agreement=M.agreement(p.unsqueeze(0), p.unsqueeze(1)))

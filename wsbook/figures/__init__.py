@@ -11,12 +11,13 @@ book's template and renderer (chapters call it through :func:`wsbook.experiments
 from wsbook.figures.bayes import entropy_maps, function_samples, regression_panels
 from wsbook.figures.flows import sphere_geometry, sphere_samples, trajectories_2d
 from wsbook.figures.graphs import draw_neural_graph
-from wsbook.figures.style import (METHOD_COLORS, PALETTE, TEMPLATE, BookRenderer, color, curves_with_bands,
-                                  heatmap_grid, rgba, scene3d, setup, sphere_surface)
+from wsbook.figures.style import (METHOD_COLORS, METHOD_LABELS, PALETTE, TEMPLATE, BookRenderer, color, curves_with_bands,
+                                  heatmap_grid, label, rgba, scene3d, setup,
+                                  sphere_surface)
 from wsbook.figures.symmetry import neurons_on_sphere
 
 __all__ = [
-    "METHOD_COLORS", "PALETTE", "TEMPLATE", "BookRenderer", "color", "rgba", "setup",
+    "METHOD_COLORS", "METHOD_LABELS", "label", "PALETTE", "TEMPLATE", "BookRenderer", "color", "rgba", "setup",
     "curves_with_bands", "heatmap_grid", "scene3d", "sphere_surface",
     "function_samples", "regression_panels", "entropy_maps",
     "trajectories_2d", "sphere_geometry", "sphere_samples",

@@ -31,7 +31,9 @@ def function_samples(x: Tensor, curves: Mapping[str, Tensor], n_show: int = 8, t
         for f in curves[name][:n_show].cpu().numpy():
             fig.add_trace(go.Scatter(x=xs, y=f, mode="lines", line=dict(color=style.PALETTE[k], width=1.3),
                                      opacity=0.7, showlegend=False, hoverinfo="skip"), row=1, col=k + 1)
-    fig.update_layout(title=title, height=350)
+    fig.update_xaxes(title_text="x")
+    fig.update_yaxes(title_text="f(x)", col=1)
+    fig.update_layout(title=title, height=380)
     return fig
 
 
@@ -57,8 +59,8 @@ def regression_panels(x_grid: Tensor, runs: Mapping[str, Tensor], x_train: Tenso
 
     names = list(runs)
     rows = (len(names) + cols - 1) // cols
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=names, shared_xaxes=True, shared_yaxes=True,
-                        horizontal_spacing=0.03, vertical_spacing=0.1)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[style.label(n) for n in names], shared_xaxes=True,
+                        shared_yaxes=True, horizontal_spacing=0.03, vertical_spacing=0.12)
     xs = x_grid.reshape(-1).cpu().numpy()
     for k, name in enumerate(names):
         f = runs[name].reshape(runs[name].shape[0], -1).double()
@@ -75,7 +77,9 @@ def regression_panels(x_grid: Tensor, runs: Mapping[str, Tensor], x_train: Tenso
                                  hoverinfo="skip"), row=r, col=c)
     if y_range is not None:
         fig.update_yaxes(range=list(y_range))
-    fig.update_layout(title=title, height=300 * rows)
+    fig.update_xaxes(title_text="x", row=rows)
+    fig.update_yaxes(title_text="y", col=1)
+    fig.update_layout(title=title, height=300 * rows + 60)
     return fig
 
 

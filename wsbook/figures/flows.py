@@ -18,12 +18,28 @@ def _np(x: Tensor) -> np.ndarray:
     return x.detach().cpu().numpy()
 
 
-def trajectories_2d(trajectories: Mapping[str, Tensor], n_show: int = 60, height: int = 430) -> go.Figure:
+def trajectories_2d(trajectories: Mapping[str, Tensor], n_show: int = 60, height: int = 430,
+                    target: Tensor | None = None, n_target: int = 600) -> go.Figure:
     """One panel per entry of ``trajectories`` ([T+1, B, 2] each): paths in the method's colour, start
-    points grey, end points black."""
+    points grey, end points black, and (given ``target`` [M, 2]) samples of the target behind them.
+
+    See chapter 3, "Training with two couplings".
+
+    Args:
+        trajectories: name -> ``[T+1, B, 2]`` positions on a time grid.
+        n_show: paths drawn per panel.
+        height: figure height in pixels.
+        target: samples of the target distribution, drawn in light orange under the paths.
+        n_target: how many target samples to draw.
+    """
     names = list(trajectories)
     fig = make_subplots(rows=1, cols=len(names), subplot_titles=names, horizontal_spacing=0.06)
     for col, name in enumerate(names, start=1):
+        if target is not None:
+            tgt = _np(target[:n_target])
+            fig.add_trace(go.Scatter(x=tgt[:, 0], y=tgt[:, 1], mode="markers", name="target samples",
+                                     marker=dict(size=4, color=style.rgba("#E69F00", 0.35)),
+                                     showlegend=col == 1, hoverinfo="skip"), row=1, col=col)
         traj = _np(trajectories[name][:, :n_show])
         xs = np.concatenate([np.append(traj[:, i, 0], np.nan) for i in range(traj.shape[1])])
         ys = np.concatenate([np.append(traj[:, i, 1], np.nan) for i in range(traj.shape[1])])
@@ -33,7 +49,8 @@ def trajectories_2d(trajectories: Mapping[str, Tensor], n_show: int = 60, height
                                  marker=dict(size=4, color="#999999"), showlegend=col == 1), row=1, col=col)
         fig.add_trace(go.Scatter(x=traj[-1, :, 0], y=traj[-1, :, 1], mode="markers", name="x1 (generated)",
                                  marker=dict(size=4, color="#000000"), showlegend=col == 1), row=1, col=col)
-        fig.update_xaxes(scaleanchor=f"y{col if col > 1 else ''}", row=1, col=col)
+        fig.update_xaxes(scaleanchor=f"y{col if col > 1 else ''}", title_text="x<sub>1</sub>", row=1, col=col)
+        fig.update_yaxes(title_text="x<sub>2</sub>" if col == 1 else None, row=1, col=col)
     fig.update_layout(height=height)
     return fig
 
@@ -61,7 +78,9 @@ def sphere_geometry(x: Tensor, u: Tensor, w: Tensor, n_transport: int = 5, title
         title: figure title.
     """
     s = Sphere(3)
-    fig = style.scene3d(go.Figure(style.sphere_surface()), title=title, height=560)
+    tips = torch.cat([x, s.expmap(x, u)]).abs().max().item() + float(u.norm()) + float(w.norm())
+    reach = max(1.15, min(tips, 2.5))          # equal ranges on all axes keep the sphere round
+    fig = style.scene3d(go.Figure(style.sphere_surface()), title=title, height=560, axis_range=(-reach, reach))
     ts = torch.linspace(0, 1, 60)[:, None]
     curve = _np(s.expmap(x.expand(60, 3), ts * u))
     fig.add_trace(go.Scatter3d(x=curve[:, 0], y=curve[:, 1], z=curve[:, 2], mode="lines",

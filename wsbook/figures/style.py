@@ -42,6 +42,28 @@ METHOD_COLORS: dict[str, str] = {
 }
 
 
+#: How a method's identifier is written in figures and tables.
+METHOD_LABELS: dict[str, str] = {
+    "hmc": "HMC", "sgld": "SGLD", "sghmc": "SGHMC", "vi": "mean-field VI", "laplace": "Laplace (GGN)",
+    "ensemble": "deep ensemble", "map": "MAP", "sgd_trajectory": "Adam checkpoints", "ot": "OT",
+    "weight_matching": "weight matching", "activation_matching": "activation matching",
+    "wm_sinkhorn": "weight matching + Sinkhorn", "sinkhorn_l2": "Sinkhorn (L2)",
+    "sinkhorn_midpoint": "Sinkhorn (midpoint loss)", "sinkhorn_random": "Sinkhorn (random)",
+    "sign_aware_weight_matching": "sign-aware weight matching", "pna": "PNA",
+    "relational_transformer": "relational transformer", "mlp": "MLP", "mlp_augmented": "MLP (augmented)",
+    "kendall_tau": "Kendall τ", "r2": "R²",
+    # metric columns
+    "nll": "test NLL", "ece": "ECE", "brier": "Brier", "accuracy": "accuracy",
+    "agreement": "agreement with HMC", "tv": "total variation to HMC", "seconds": "seconds",
+}
+
+
+def label(name: str) -> str:
+    """The readable name of a method or metric identifier (``sgd_trajectory`` -> ``Adam checkpoints``);
+    names that are not identifiers are returned unchanged."""
+    return METHOD_LABELS.get(str(name), str(name).replace("_", " ") if "_" in str(name) else str(name))
+
+
 def color(name: str) -> str:
     """The colour of a method (case- and separator-insensitive); unknown names get a stable palette colour."""
     key = name.lower().replace(" ", "_").replace("-", "_")
@@ -82,7 +104,11 @@ def setup() -> None:
     template.layout.colorway = PALETTE
     template.layout.font = dict(family="Helvetica, Arial, sans-serif", size=13)
     template.layout.margin = dict(l=60, r=20, t=50, b=50)
-    template.layout.legend = dict(bgcolor="rgba(255,255,255,0.6)")
+    # Legends below the plot (they keep their place at phone width), titles clear of the toolbar.
+    template.layout.legend = dict(bgcolor="rgba(255,255,255,0.6)", orientation="h", yref="container",
+                                  y=0.0, yanchor="bottom", x=0.0, xanchor="left")
+    template.layout.margin = dict(l=60, r=20, t=70, b=110)
+    template.layout.title = dict(y=0.97, yanchor="top", x=0.0, xanchor="left")
     pio.templates[TEMPLATE] = template
     pio.templates.default = TEMPLATE
     pio.renderers[TEMPLATE] = BookRenderer()
@@ -111,9 +137,9 @@ def curves_with_bands(x: Sequence[float] | np.ndarray, curves: Mapping[str, tupl
         if len(values) == 3:
             lo, hi = np.asarray(values[1]), np.asarray(values[2])
             fig.add_trace(go.Scatter(x=np.concatenate([x, x[::-1]]), y=np.concatenate([hi, lo[::-1]]),
-                                     fill="toself", fillcolor=rgba(c, alpha), line=dict(width=0),
+                                     mode="lines", fill="toself", fillcolor=rgba(c, alpha), line=dict(width=0),
                                      hoverinfo="skip", showlegend=False, legendgroup=name))
-        fig.add_trace(go.Scatter(x=x, y=mean, mode="lines", name=name, line=dict(color=c, width=2),
+        fig.add_trace(go.Scatter(x=x, y=mean, mode="lines", name=label(name), line=dict(color=c, width=2),
                                  legendgroup=name))
     fig.update_layout(title=title, xaxis_title=xaxis, yaxis_title=yaxis)
     return fig
@@ -121,7 +147,8 @@ def curves_with_bands(x: Sequence[float] | np.ndarray, curves: Mapping[str, tupl
 
 def heatmap_grid(z: Mapping[str, np.ndarray], x: np.ndarray, y: np.ndarray, *, cols: int = 3, title: str = "",
                  colorscale: str = "Viridis", zmin: float | None = None, zmax: float | None = None,
-                 points: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> go.Figure:
+                 points: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None, xaxis: str = "x<sub>1</sub>",
+                 yaxis: str = "x<sub>2</sub>") -> go.Figure:
     """One heatmap per entry of ``z`` on a shared colour scale, with optional points on every panel.
 
     See chapter 1, "Agreement on the data, disagreement away from it".
@@ -136,12 +163,15 @@ def heatmap_grid(z: Mapping[str, np.ndarray], x: np.ndarray, y: np.ndarray, *, c
         zmin: bottom of the shared colour scale (default: the smallest value of all panels).
         zmax: top of the shared colour scale (default: the largest value of all panels).
         points: ``(px, py, labels)`` drawn as a scatter on every panel, coloured by label.
+        xaxis: x-axis title of every panel.
+        yaxis: y-axis title of the first panel of every row.
     """
     from plotly.subplots import make_subplots
 
     names = list(z)
     rows = (len(names) + cols - 1) // cols
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=names, horizontal_spacing=0.04, vertical_spacing=0.1)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[label(n) for n in names], horizontal_spacing=0.04,
+                        vertical_spacing=0.16)
     zmin = min(float(np.min(v)) for v in z.values()) if zmin is None else zmin
     zmax = max(float(np.max(v)) for v in z.values()) if zmax is None else zmax
     for k, name in enumerate(names):
@@ -153,24 +183,33 @@ def heatmap_grid(z: Mapping[str, np.ndarray], x: np.ndarray, y: np.ndarray, *, c
             fig.add_trace(go.Scatter(x=px, y=py, mode="markers", showlegend=False,
                                      marker=dict(size=4, color=labels, colorscale=[[0, "white"], [1, "black"]],
                                                  line=dict(width=0.5, color="grey"))), row=r, col=c)
-    fig.update_layout(title=title, height=330 * rows)
+    fig.update_xaxes(title_text=xaxis)
+    fig.update_yaxes(title_text=yaxis, col=1)
+    fig.update_layout(title=title, height=330 * rows + 60)
     return fig
 
 
-def scene3d(fig: go.Figure | None = None, *, title: str = "", aspect: str = "cube", height: int = 550) -> go.Figure:
+def scene3d(fig: go.Figure | None = None, *, title: str = "", aspect: str = "cube", height: int = 550,
+            axis_range: tuple[float, float] | None = (-1.15, 1.15)) -> go.Figure:
     """A 3-D figure with the book's scene defaults (equal axes, no background grid clutter).
+
+    ``aspectmode="cube"`` draws the three axes with equal *length*, so a unit sphere is only round when the
+    three axes also have equal *ranges*; ``axis_range`` fixes them (``None``: plotly's autorange per axis).
 
     Args:
         fig: a figure to style (default: a new one).
         title: figure title.
         aspect: plotly's ``scene.aspectmode``.
         height: figure height in pixels.
+        axis_range: the common range of the x, y and z axes.
     """
     fig = fig or go.Figure()
     axis = dict(showbackground=False, zeroline=False)
+    if axis_range is not None:
+        axis["range"] = list(axis_range)
     fig.update_layout(title=title, height=height,
                       scene=dict(aspectmode=aspect, xaxis=axis, yaxis=axis, zaxis=axis),
-                      margin=dict(l=0, r=0, t=40, b=0))
+                      margin=dict(l=0, r=0, t=50, b=60))
     return fig
 
 
