@@ -59,8 +59,10 @@ class Budget:
         n_samples: networks sampled per flow (the table, BMA curve and MMD use them all).
         sample_steps, method: the ODE solver (midpoint: two field evaluations per step).
         n_wide: networks sampled at width 32 per setting.
-        guidance_weight, guidance_steps: lambda of the (linearly scheduled) guidance and the Euler steps of a
-            guided sample on the second task (guidance acts like gradient steps, so it needs many).
+        guidance_weight: lambda of the (linearly scheduled) MNIST guidance at the table's solver steps.
+        transfer_weight, guidance_steps: lambda and Euler steps of a guided sample on the second task
+            (guidance acts like gradient descent along the path, so it needs many steps; lambda is chosen so
+            that one step moves at most about as far as one SGD step of the zoo's learning rate).
         init_steps, init_every: SGD steps and checkpoint spacing of the initialisation experiment.
         field_dims: field widths of the model-size sweep.
         n_holdout: runs held out (and as many other runs for the floor).
@@ -82,11 +84,19 @@ class Budget:
     method: str
     n_wide: int
     guidance_weight: float
+    transfer_weight: float
     guidance_steps: int
     init_steps: int
     init_every: int
     field_dims: tuple[int, ...]
     n_holdout: int
+
+
+def _training_fields(b: Budget) -> dict:
+    """The budget's fields that change a trained flow (the cache key of :func:`_train`)."""
+    keys = ("dim", "n_layers", "batch_size", "steps", "lr", "ema_decay", "flat_hidden", "flat_batch", "flat_steps",
+            "flat_lr", "n_holdout")
+    return {k: getattr(b, k) for k in keys}
 
 
 def budget() -> Budget:
@@ -99,7 +109,7 @@ def budget() -> Budget:
         dim=s(8, 8, 64), n_layers=s(1, 1, 4), batch_size=s(8, 8, 64), steps=s(30, 250, 50_000), lr=s(1e-2, 1e-2, 1e-3),
         ema_decay=s(0.9, 0.95, 0.999), flat_hidden=s(256, 256, 512), flat_batch=64, flat_steps=s(150, 600, 20_000),
         flat_lr=s(3e-3, 3e-3, 1e-3), n_samples=s(16, 64, 256), sample_steps=s(4, 8, 100), method="midpoint",
-        n_wide=s(8, 32, 256), guidance_weight=s(8.0, 8.0, 0.1 * 512), guidance_steps=s(16, 32, 512),
+        n_wide=s(8, 32, 256), guidance_weight=0.1, transfer_weight=s(0.5, 1.0, 16.0), guidance_steps=s(16, 32, 512),
         init_steps=s(60, 200, 1000), init_every=s(20, 20, 50), field_dims=s((4, 8), (4, 8, 16), (16, 32, 64, 128)),
         n_holdout=s(1, 4, 10))
 
@@ -159,7 +169,10 @@ def make_flow(recipe: str, spec: MLPSpec, reference: Tensor, b: Budget, dim: int
 
 
 @cached("flows/mnist/train", version=1)
-def _train(recipe: str, b: Budget, dim: int, seed: int) -> dict:
+def _train(recipe: str, fields: dict, dim: int, seed: int) -> dict:
+    b = budget()
+    if _training_fields(b) != fields:
+        raise ValueError("_train: the training settings must be the current scale's budget")
     parts = split()
     train = parts["train"]
     flow = make_flow(recipe, train.spec, train.theta[-1], b, dim)
@@ -175,13 +188,15 @@ def train_flow(recipe: str, dim: int | None = None, seed: int = 0) -> tuple[Weig
     """The flow of ``recipe`` trained on the zoo's training runs (cached). Returns ``(flow, info)`` with
     ``info`` = training seconds, per-step losses and the field's parameter count."""
     b = budget()
-    out = _train(recipe, b, dim or b.dim, seed)
+    out = _train(recipe, _training_fields(b), dim or b.dim, seed)
     info = {k: v for k, v in out.items() if k != "state"}
     return WeightFlow.from_state(out["state"]), info
 
 
 @cached("flows/mnist/samples", version=1)
-def _sample(recipe: str, b: Budget, dim: int, widths: tuple[int, ...], n: int, guided: str | None, seed: int) -> dict:
+def _sample(recipe: str, fields: dict, dim: int, widths: tuple[int, ...], n: int, guided: str | None,
+            sampler: dict, seed: int) -> dict:
+    b = budget()
     flow, _ = train_flow(recipe, dim)
     spec = MLPSpec(widths)
     if spec != flow.spec:
@@ -190,10 +205,10 @@ def _sample(recipe: str, b: Budget, dim: int, widths: tuple[int, ...], n: int, g
     guide, steps, method = None, b.sample_steps, b.method
     if guided is not None:
         ds = task_data(guided)
-        guide = Guidance(ds.x_train, ds.y_train, weight=b.guidance_weight, schedule="linear", batch_size=256,
-                         generator=gen)
+        weight = b.guidance_weight
         if guided == "permuted":                     # guidance has to train the networks: many small steps
-            steps, method = b.guidance_steps, "euler"
+            steps, method, weight = b.guidance_steps, "euler", b.transfer_weight
+        guide = Guidance(ds.x_train, ds.y_train, weight=weight, schedule="linear", batch_size=256, generator=gen)
     start = time.perf_counter()
     theta = flow.sample(n, steps=steps, method=method, generator=gen, guidance=guide)
     return {"theta": theta, "seconds": time.perf_counter() - start}
@@ -213,7 +228,11 @@ def sample_flow(recipe: str, n: int | None = None, widths: tuple[int, ...] | Non
     """
     b = budget()
     widths = tuple(widths or targets.ZOOS[ZOO].widths)
-    out = _sample(recipe, b, dim or b.dim, widths, int(n or b.n_samples), guided, seed)
+    sampler = {"steps": b.sample_steps, "method": b.method}
+    if guided is not None:
+        sampler["weight"] = b.transfer_weight if guided == "permuted" else b.guidance_weight
+        sampler["guided_steps"] = b.guidance_steps if guided == "permuted" else b.sample_steps
+    out = _sample(recipe, _training_fields(b), dim or b.dim, widths, int(n or b.n_samples), guided, sampler, seed)
     return out["theta"], float(out["seconds"])
 
 
