@@ -1,0 +1,49 @@
+"""The MNIST results page's experiment helpers (cheap parts: no flow is trained here)."""
+import pytest
+import torch
+
+from wsbook import data
+from wsbook.experiments import mnist_flows as mf
+from wsbook.nets import MLPSpec
+
+
+def test_permuted_mnist_is_one_fixed_pixel_permutation():
+    ds, perm = data.load("mnist5k", device="cpu"), mf.permuted_mnist()
+    again = mf.permuted_mnist()
+    assert torch.equal(perm.x_train, again.x_train)                    # seeded: the same task every time
+    assert torch.equal(perm.y_test, ds.y_test) and perm.x_test.shape == ds.x_test.shape
+    # every image is a permutation of the original's pixels, the same one for all images and splits
+    assert torch.equal(perm.x_train.sort(1).values, ds.x_train.sort(1).values)
+    assert not torch.equal(perm.x_train, ds.x_train)
+
+
+def test_bma_curve_of_identical_members_is_flat_and_sizes_capped():
+    probs = torch.softmax(torch.randn(1, 50, 10, generator=torch.Generator().manual_seed(0)), -1).expand(8, -1, -1)
+    y = torch.randint(0, 10, (50,), generator=torch.Generator().manual_seed(1))
+    curve = mf.bma_curve(probs, y)
+    assert sorted(curve) == [1, 4, 8]                                   # no model average larger than the set
+    assert len({round(v["accuracy"], 6) for v in curve.values()}) == 1
+    assert len({round(v["nll"], 6) for v in curve.values()}) == 1
+
+
+def test_score_has_the_table_columns_and_a_zero_mmd_to_itself():
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(12, 40, 10, generator=g), -1)
+    other = torch.softmax(torch.randn(12, 40, 10, generator=g), -1)
+    y = torch.randint(0, 10, (40,), generator=g)
+    row = mf.score(probs, y, probs, other)
+    assert {"accuracy", "nll", "bma64_accuracy", "diversity", "mmd2", "mmd2_floor", "mmd_ratio"} <= set(row)
+    assert row["diversity"] > 0
+
+
+def test_recipes_and_errors():
+    spec = MLPSpec((6, 4, 3))
+    ref = spec.init(1, generator=torch.Generator().manual_seed(0), device="cpu")
+    b = mf.budget()
+    for name in mf.RECIPES:
+        flow = mf.make_flow(name, spec, ref[0], b)
+        assert flow.coupling_name == mf.RECIPES[name][2]
+    with pytest.raises(ValueError, match="unknown recipe"):
+        mf.make_flow("nope", spec, ref[0], b)
+    with pytest.raises(ValueError, match="task must be"):
+        mf.task_data("fashion")

@@ -1,0 +1,361 @@
+"""Flows over MNIST classifiers (book chapter 8, page "MNIST"; thesis sec. 7.3-7.5).
+
+Everything the page computes that costs more than a second lives here, cached with :mod:`wsbook.cache`:
+
+* :func:`budget`: the per-scale sizes (field width, training steps, batch, samples, solver steps). On a
+  CPU the GNN field over a 784-10-10 network costs a sizeable fraction of a second per training step at
+  batch 8, so ``default`` trains small fields for a few hundred steps; ``full`` holds the thesis's sizes.
+* :func:`split`: the 784-10-10 zoo split by whole runs into the flows' training part, held-out runs (the
+  reference of every distance) and as many other runs (the noise floor).
+* :func:`train_flow` / :func:`sample_flow`: one recipe (chart, field, coupling; the names of the thesis's
+  Table 7.2 rows, plus ``plain_baseline``) trained on the training part and sampled, optionally for
+  another hidden width (:meth:`WeightFlow.with_spec`) and with task-loss guidance.
+* :func:`score`, :func:`bma_curve`: per-network and model-averaged accuracy / NLL, diversity (mean pairwise
+  JSD of the predictive distributions) and the function-space MMD to held-out runs.
+* :func:`permuted_mnist`: the second task (MNIST with one fixed, seeded pixel permutation; Fashion-MNIST
+  cannot be downloaded here) and :func:`init_curves` (flow samples as initialisation).
+* :func:`field_size_sweep`: sample quality against the width of the field.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from wsbook import config, data
+from wsbook.bayes import distances
+from wsbook.cache import cached
+from wsbook.experiments import targets
+from wsbook.nets import MLPSpec, train_population
+from wsbook.weightflow import (EuclideanChart, FlatField, GeometricChart, Guidance, NormalizedChart, WeightFlow,
+                               gnn_field)
+
+#: recipe name -> (chart, field, coupling); names as in the thesis's Table 7.2 (every chart aligned)
+RECIPES: dict[str, tuple[str, str, str]] = {
+    "euclidean_aligned": ("euclidean", "gnn", "independent"),
+    "euclidean_aligned_ot": ("euclidean", "gnn", "ot"),
+    "normalized_aligned": ("normalized", "gnn", "independent"),
+    "normalized_aligned_ot": ("normalized", "gnn", "ot"),
+    "geometric_aligned": ("geometric", "gnn", "independent"),
+    "geometric_aligned_ot": ("geometric", "gnn", "ot"),
+    "plain_baseline": ("euclidean", "flat", "ot"),
+}
+ZOO = "mnist5k"
+WIDE_ZOO = "mnist5k_w32"
+BMA_SIZES = (1, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The sizes of the page at one scale.
+
+    Attributes:
+        recipes: the GNN recipes of the table (the plain baseline is always added).
+        dim, n_layers: width and depth of the GNN field.
+        batch_size, steps, lr, ema_decay: GNN training.
+        flat_hidden, flat_batch, flat_steps, flat_lr: the plain baseline's MLP field and its training.
+        n_samples: networks sampled per flow (the table, BMA curve and MMD use them all).
+        sample_steps, method: the ODE solver (midpoint: two field evaluations per step).
+        n_wide: networks sampled at width 32 per setting.
+        guidance_weight: lambda of the (linearly scheduled) MNIST guidance at the table's solver steps.
+        transfer_weight, guidance_steps: lambda and Euler steps of a guided sample on the second task
+            (guidance acts like gradient descent along the path, so it needs many steps; lambda is chosen so
+            that one step moves at most about as far as one SGD step of the zoo's learning rate).
+        init_steps, init_every: SGD steps and checkpoint spacing of the initialisation experiment.
+        field_dims: field widths of the model-size sweep.
+        n_holdout: runs held out (and as many other runs for the floor).
+    """
+
+    recipes: tuple[str, ...]
+    dim: int
+    n_layers: int
+    batch_size: int
+    steps: int
+    lr: float
+    ema_decay: float
+    flat_hidden: int
+    flat_batch: int
+    flat_steps: int
+    flat_lr: float
+    n_samples: int
+    sample_steps: int
+    method: str
+    n_wide: int
+    guidance_weight: float
+    transfer_weight: float
+    guidance_steps: int
+    init_steps: int
+    init_every: int
+    field_dims: tuple[int, ...]
+    n_holdout: int
+
+
+def _training_fields(b: Budget) -> dict:
+    """The budget's fields that change a trained flow (the cache key of :func:`_train`)."""
+    keys = ("dim", "n_layers", "batch_size", "steps", "lr", "ema_decay", "flat_hidden", "flat_batch", "flat_steps",
+            "flat_lr", "n_holdout")
+    return {k: getattr(b, k) for k in keys}
+
+
+def budget() -> Budget:
+    """The page's sizes at the current scale (the one place they are chosen)."""
+    s = config.by_scale
+    return Budget(
+        recipes=s(("geometric_aligned", "geometric_aligned_ot"),
+                  ("euclidean_aligned", "euclidean_aligned_ot", "geometric_aligned", "geometric_aligned_ot"),
+                  tuple(r for r in RECIPES if r != "plain_baseline")),
+        dim=s(8, 8, 64), n_layers=s(1, 1, 4), batch_size=s(8, 8, 64), steps=s(30, 250, 50_000), lr=s(1e-2, 1e-2, 1e-3),
+        ema_decay=s(0.9, 0.95, 0.999), flat_hidden=s(256, 256, 512), flat_batch=64, flat_steps=s(150, 600, 20_000),
+        flat_lr=s(3e-3, 3e-3, 1e-3), n_samples=s(16, 64, 256), sample_steps=s(4, 8, 100), method="midpoint",
+        n_wide=s(8, 32, 256), guidance_weight=0.1, transfer_weight=s(0.5, 1.0, 16.0), guidance_steps=s(16, 32, 512),
+        init_steps=s(60, 200, 1000), init_every=s(20, 20, 50), field_dims=s((4, 8), (4, 8, 16), (16, 32, 64, 128)),
+        n_holdout=s(1, 4, 10))
+
+
+# ------------------------------------------------------------------------------------------ targets
+def split(seed: int = 0) -> dict[str, targets.Zoo]:
+    """The 784-10-10 zoo by whole runs: ``{"train", "held", "other"}``. ``held`` (never seen by a flow) is
+    the reference of every distance; ``other`` (as many runs, taken from the training part) against ``held``
+    is the run-to-run noise floor."""
+    z = targets.zoo(ZOO)
+    n_hold = budget().n_holdout
+    gen = torch.Generator().manual_seed(seed)
+    train, held = targets.split_runs(z, n_hold, generator=gen)
+    _, other = targets.split_runs(train, n_hold, generator=gen)
+    return {"train": train, "held": held, "other": other}
+
+
+def permuted_mnist(seed: int = 0) -> data.Dataset:
+    """The second task: the packaged MNIST subset with one fixed pixel permutation (drawn from ``seed``)
+    applied to every image of every split. Its statistics match MNIST's, but every input weight of an
+    MNIST network now looks at another pixel: the digit detectors a flow learned do not fit it."""
+    ds = data.load(ZOO)
+    perm = torch.randperm(ds.n_features, generator=torch.Generator().manual_seed(10_000 + seed)).to(ds.x_train.device)
+    return replace(ds, name=f"{ZOO}_permuted", x_train=ds.x_train[:, perm], x_val=ds.x_val[:, perm],
+                   x_test=ds.x_test[:, perm])
+
+
+def task_data(task: str) -> data.Dataset:
+    """``"mnist"`` (the packaged subset) or ``"permuted"`` (:func:`permuted_mnist`)."""
+    if task == "mnist":
+        return data.load(ZOO)
+    if task == "permuted":
+        return permuted_mnist()
+    raise ValueError(f"task must be 'mnist' or 'permuted'; got {task!r}")
+
+
+# -------------------------------------------------------------------------------------------- flows
+def make_flow(recipe: str, spec: MLPSpec, reference: Tensor, b: Budget, dim: int | None = None) -> WeightFlow:
+    """An untrained flow of ``recipe`` (a key of :data:`RECIPES`), every chart aligned to ``reference``.
+
+    Args:
+        recipe: the recipe's name.
+        spec: the zoo's architecture.
+        reference: the network all others are aligned to (weight matching).
+        b: the budget (field sizes).
+        dim: override of the GNN field's width (model-size sweep).
+    """
+    if recipe not in RECIPES:
+        raise ValueError(f"unknown recipe {recipe!r}; available: {', '.join(RECIPES)}")
+    chart_kind, field_kind, coupling = RECIPES[recipe]
+    chart = {"euclidean": lambda: EuclideanChart(spec, sigma=0.1, reference=reference),
+             "normalized": lambda: NormalizedChart(spec, reference=reference),
+             "geometric": lambda: GeometricChart(spec, reference=reference)}[chart_kind]()
+    field = (FlatField(spec, hidden=b.flat_hidden, depth=3) if field_kind == "flat"
+             else gnn_field(spec, dim=dim or b.dim, n_layers=b.n_layers))
+    return WeightFlow(chart, field, coupling=coupling)
+
+
+@cached("flows/mnist/train", version=1)
+def _train(recipe: str, fields: dict, dim: int, seed: int) -> dict:
+    b = budget()
+    if _training_fields(b) != fields:
+        raise ValueError("_train: the training settings must be the current scale's budget")
+    parts = split()
+    train = parts["train"]
+    flow = make_flow(recipe, train.spec, train.theta[-1], b, dim)
+    flat = RECIPES[recipe][1] == "flat"
+    gen = torch.Generator().manual_seed(1000 + seed)
+    fit = flow.fit(train.theta, steps=b.flat_steps if flat else b.steps, batch_size=b.flat_batch if flat else b.batch_size,
+                   lr=b.flat_lr if flat else b.lr, ema_decay=b.ema_decay, generator=gen, desc=f"flow {recipe}")
+    n_params = sum(p.numel() for p in flow.field.parameters())
+    return {"state": flow.state_dict(), "seconds": fit.seconds, "losses": fit.losses, "field_parameters": n_params}
+
+
+def train_flow(recipe: str, dim: int | None = None, seed: int = 0) -> tuple[WeightFlow, dict]:
+    """The flow of ``recipe`` trained on the zoo's training runs (cached). Returns ``(flow, info)`` with
+    ``info`` = training seconds, per-step losses and the field's parameter count."""
+    b = budget()
+    out = _train(recipe, _training_fields(b), dim or b.dim, seed)
+    info = {k: v for k, v in out.items() if k != "state"}
+    return WeightFlow.from_state(out["state"]), info
+
+
+@cached("flows/mnist/samples", version=1)
+def _sample(recipe: str, fields: dict, dim: int, widths: tuple[int, ...], n: int, guided: str | None,
+            sampler: dict, seed: int) -> dict:
+    b = budget()
+    flow, _ = train_flow(recipe, dim)
+    spec = MLPSpec(widths)
+    if spec != flow.spec:
+        flow = flow.with_spec(spec)
+    gen = torch.Generator().manual_seed(2000 + seed)
+    guide, steps, method = None, b.sample_steps, b.method
+    if guided is not None:
+        ds = task_data(guided)
+        weight = b.guidance_weight
+        if guided == "permuted":                     # guidance has to train the networks: many small steps
+            steps, method, weight = b.guidance_steps, "euler", b.transfer_weight
+        guide = Guidance(ds.x_train, ds.y_train, weight=weight, schedule="linear", batch_size=256, generator=gen)
+    start = time.perf_counter()
+    theta = flow.sample(n, steps=steps, method=method, generator=gen, guidance=guide)
+    return {"theta": theta, "seconds": time.perf_counter() - start}
+
+
+def sample_flow(recipe: str, n: int | None = None, widths: tuple[int, ...] | None = None, guided: str | None = None,
+                dim: int | None = None, seed: int = 0) -> tuple[Tensor, float]:
+    """Networks sampled from the trained flow of ``recipe`` (cached): ``(theta [n, D], seconds)``.
+
+    Args:
+        recipe: a key of :data:`RECIPES`.
+        n: networks (default: the budget's ``n_samples``).
+        widths: the architecture to sample (default 784-10-10; another hidden width uses ``with_spec``).
+        guided: ``None``, ``"mnist"`` or ``"permuted"``: task-loss guidance on that task's training data.
+        dim: the field width (model-size sweep; default the budget's).
+        seed: the source points and guidance minibatches.
+    """
+    b = budget()
+    widths = tuple(widths or targets.ZOOS[ZOO].widths)
+    sampler = {"steps": b.sample_steps, "method": b.method}
+    if guided is not None:
+        sampler["weight"] = b.transfer_weight if guided == "permuted" else b.guidance_weight
+        sampler["guided_steps"] = b.guidance_steps if guided == "permuted" else b.sample_steps
+    out = _sample(recipe, _training_fields(b), dim or b.dim, widths, int(n or b.n_samples), guided, sampler, seed)
+    return out["theta"], float(out["seconds"])
+
+
+# ------------------------------------------------------------------------------------------- scores
+def probs_of(spec: MLPSpec, theta: Tensor, ds: data.Dataset) -> Tensor:
+    """Test-set class probabilities ``[n, N, C]``."""
+    return targets.predictive_probs(spec, theta, ds.x_test)
+
+
+def score(probs: Tensor, y: Tensor, held: Tensor | None = None, other: Tensor | None = None,
+          bandwidth: float | None = None, generator: torch.Generator | None = None) -> dict:
+    """One row of the page's tables from test probabilities ``probs [n, N, C]``: per-network accuracy and
+    NLL (mean, std), BMA-64 accuracy and NLL, diversity (mean pairwise JSD), and with ``held`` / ``other``
+    the MMD^2 to the held-out runs, its floor and the ratio in MMD units.
+
+    Args:
+        probs: the networks' test probabilities.
+        y: test labels.
+        held, other: held-out runs and the floor's other runs (test probabilities), or ``None``.
+        bandwidth: the MMD kernel bandwidth shared by all rows.
+        generator: the BMA members and the MMD subsampling.
+    """
+    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    ev = targets.evaluate_probs(probs, y, bma_k=64, generator=gen)
+    row = dict(accuracy=ev.accuracy, accuracy_std=ev.accuracy_std, nll=ev.nll, nll_std=ev.nll_std,
+               bma64_accuracy=ev.bma_accuracy, bma64_nll=ev.bma_nll,
+               diversity=float(distances.diversity(probs[:256])))
+    if held is not None:
+        cmp = targets.compare_to_reference(probs, held, other, bandwidth=bandwidth, generator=gen)
+        row.update(mmd2=cmp.mmd2, mmd2_floor=cmp.mmd2_floor, mmd_ratio=cmp.mmd_ratio)
+    return row
+
+
+def bma_curve(probs: Tensor, y: Tensor, sizes: tuple[int, ...] = BMA_SIZES, repeats: int = 8,
+              generator: torch.Generator | None = None) -> dict[int, dict]:
+    """Accuracy and NLL of the model average of ``k`` random members for every ``k`` in ``sizes`` (at most
+    the set's size), each averaged over ``repeats`` random draws: ``{k: {"accuracy", "nll"}}``."""
+    from wsbook.bayes import metrics as M
+
+    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    n = probs.shape[0]
+    out = {}
+    for k in sizes:
+        if k > n:
+            continue
+        picks = torch.stack([torch.randperm(n, generator=gen)[:k] for _ in range(repeats)]).to(probs.device)
+        avg = probs[picks].mean(1)                                          # [repeats, N, C]
+        out[k] = {"accuracy": float(M.accuracy(avg, y).mean()), "nll": float(M.nll(avg, y).mean())}
+    return out
+
+
+# ------------------------------------------------------------------------------ second task, init
+@cached("flows/mnist/trained_on_task", version=1)
+def trained_networks(task: str, widths: tuple[int, ...], n: int, steps: int, seed: int = 0,
+                     theta0: Tensor | None = None, every: int | None = None) -> dict:
+    """Networks trained on ``task`` with the zoo's optimiser (SGD, momentum 0.9, lr 0.1, weight decay 1e-5,
+    batch 64) for ``steps`` steps from ``theta0`` (default ``N(0, 0.1^2)``), with checkpoints every ``every``
+    steps: ``{"theta", "checkpoints" [K, n, D], "steps" [K], "seconds"}`` (cached).
+
+    Args:
+        task: ``"mnist"`` or ``"permuted"``.
+        widths: the architecture.
+        n: networks trained at once.
+        steps: SGD steps.
+        seed: initialisation and minibatches.
+        theta0: starting networks ``[n, D]`` (e.g. flow samples) or ``None``.
+        every: checkpoint spacing (``None``: only the end).
+    """
+    cfg = targets.ZOOS[ZOO]
+    ds = task_data(task)
+    spec = MLPSpec(widths)
+    gen = torch.Generator().manual_seed(3000 + seed)
+    if theta0 is None:
+        theta0 = torch.randn(n, spec.n_params, generator=gen) * cfg.init_std
+    theta0 = spec.check(theta0, "theta0").to(ds.x_train)
+    start = time.perf_counter()
+    res = train_population(spec, theta0.clone(), ds.x_train, ds.y_train, steps=steps, lr=cfg.lr, optimizer="sgd",
+                           batch_size=cfg.batch_size, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                           checkpoint_every=every, generator=gen, progress=False)
+    out = {"theta": res.theta.detach(), "seconds": time.perf_counter() - start}
+    if every:
+        out["checkpoints"] = torch.cat([theta0[None], res.checkpoints])
+        out["steps"] = torch.tensor([0] + list(res.checkpoint_steps))
+    return out
+
+
+def init_curves(starts: dict[str, Tensor], task: str = "permuted") -> dict[str, dict[str, Tensor]]:
+    """Test accuracy and NLL along SGD runs on ``task`` from each set of starting networks (mean over the
+    set): ``{name: {"steps", "accuracy", "nll"}}`` (thesis Fig. 7.6, flow samples as initialisation)."""
+    b = budget()
+    ds = task_data(task)
+    spec = MLPSpec(targets.ZOOS[ZOO].widths)
+    out = {}
+    for name, theta0 in starts.items():
+        run = trained_networks(task, spec.widths, theta0.shape[0], b.init_steps, theta0=theta0, every=b.init_every)
+        ck = run["checkpoints"]                                               # [K, n, D]
+        K, n = ck.shape[:2]
+        probs = probs_of(spec, ck.reshape(K * n, -1), ds).view(K, n, *ds.y_test.shape, -1)
+        from wsbook.bayes import metrics as M
+
+        out[name] = {"steps": run["steps"],
+                     "accuracy": torch.stack([M.accuracy(p, ds.y_test).mean() for p in probs]),
+                     "nll": torch.stack([M.nll(p, ds.y_test).mean() for p in probs])}
+    return out
+
+
+# ------------------------------------------------------------------------------------- model size
+def field_size_sweep(recipe: str = "geometric_aligned_ot", y: Tensor | None = None) -> list[dict]:
+    """The same recipe with GNN fields of the budget's ``field_dims`` widths, trained for the same steps:
+    ``[{"dim", "field_parameters", "train_seconds", "accuracy", "nll", "bma64_accuracy", ...}]``."""
+    b = budget()
+    ds = data.load(ZOO)
+    spec = MLPSpec(targets.ZOOS[ZOO].widths)
+    rows = []
+    for dim in b.field_dims:
+        _, info = train_flow(recipe, dim=dim)
+        theta, _ = sample_flow(recipe, dim=dim)
+        row = score(probs_of(spec, theta, ds), ds.y_test)
+        rows.append(dict(dim=dim, field_parameters=info["field_parameters"], train_seconds=info["seconds"],
+                         final_loss=float(info["losses"][-max(1, len(info["losses"]) // 10):].mean()), **row))
+    return rows
+
+
+__all__ = ["RECIPES", "BMA_SIZES", "Budget", "budget", "split", "permuted_mnist", "task_data", "make_flow",
+           "train_flow", "sample_flow", "probs_of", "score", "bma_curve", "trained_networks", "init_curves",
+           "field_size_sweep"]
