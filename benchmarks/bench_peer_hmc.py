@@ -142,11 +142,14 @@ def function_ess(task, draws: torch.Tensor) -> float:
     return float(bayes.ess(test_probs(task, draws)).median())
 
 
-def main(chains: int = 32, n_iter: int = 80, burnin: int = 20) -> None:
+def check(chains: int = 32, n_iter: int = 80, burnin: int = 20) -> dict:
+    """Assert equal potentials and statistically equal runs; returns the runs, their times and the statistics."""
     warnings.simplefilter("ignore", RuntimeWarning)
     task, lp, model = problem()
     theta0 = lp.init(chains, generator=torch.Generator().manual_seed(0), dtype=DT)
-    err = check_potential(lp, model, torch.cat([theta0[:4], theta0[:4] + 0.1 * torch.randn_like(theta0[:4])]))
+    points = theta0[:4]
+    err = check_potential(lp, model, torch.cat([points, points + 0.1 * torch.randn(points.shape, dtype=DT,
+                                                generator=torch.Generator().manual_seed(1))]))
     run_ours(lp, theta0[:2], 2)                                               # warm up kernels
     t0 = time.perf_counter()
     ours = run_ours(lp, theta0, n_iter)
@@ -155,11 +158,17 @@ def main(chains: int = 32, n_iter: int = 80, burnin: int = 20) -> None:
     peer = run_pyro(lp, model, theta0, n_iter)
     t_peer = time.perf_counter() - t0
     stats = check_statistics(task, ours, peer, burnin)
-    ess_o, ess_p = function_ess(task, ours[0][burnin:]), function_ess(task, peer[0][burnin:])
+    return dict(stats, task=task, ours=ours, peer=peer, t_ours=t_ours, t_peer=t_peer, potential_error=err)
+
+
+def main(chains: int = 32, n_iter: int = 80, burnin: int = 20) -> None:
+    r = check(chains, n_iter, burnin)
+    task, t_ours, t_peer = r["task"], r["t_ours"], r["t_peer"]
+    ess_o, ess_p = function_ess(task, r["ours"][0][burnin:]), function_ess(task, r["peer"][0][burnin:])
     print("name, ours, peer, ratio")
-    print(f"hmc_potential_and_gradient max relative difference, {err:.1e}, {err:.1e}, -")
-    print(f"hmc_accept_rate (two-sample z {stats['z_accept']:.2f}), {stats['accept_ours']:.3f}, {stats['accept_pyro']:.3f}, -")
-    print(f"hmc_test_predictive largest |z| over test points, {stats['z_pred_max']:.2f}, {stats['z_pred_max']:.2f}, -")
+    print(f"hmc_potential_and_gradient max relative difference, {r['potential_error']:.1e}, {r['potential_error']:.1e}, -")
+    print(f"hmc_accept_rate (two-sample z {r['z_accept']:.2f}), {r['accept_ours']:.3f}, {r['accept_pyro']:.3f}, -")
+    print(f"hmc_test_predictive largest |z| over test points, {r['z_pred_max']:.2f}, {r['z_pred_max']:.2f}, -")
     print(f"hmc_{chains}_chains {n_iter} iterations x {SETTINGS['n_leapfrog']} leapfrog seconds, {t_ours:.2f}, "
           f"{t_peer:.2f}, {t_peer / t_ours:.1f}")
     print(f"hmc_ess_per_second, {ess_o / t_ours:.2f}, {ess_p / t_peer:.2f}, {(ess_o / t_ours) / (ess_p / t_peer):.1f}")
