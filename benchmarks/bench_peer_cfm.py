@@ -41,7 +41,7 @@ def check(n_batches: int = 4, batch: int = 256) -> dict:
         perm = ot_assignment(coupling.cost(x0, x1))                   # what OTCoupling pairs x0 with
         paired = coupling(x0, x1)[1]
         assert torch.equal(paired, x1[perm])
-        ours = float(coupling_cost(x0, paired))
+        ours = float(coupling_cost(x0.double(), paired.double()))
         pi = torch.as_tensor(peer.get_map(x0, x1))
         cost = torch.cdist(x0.double(), x1.double()) ** 2
         theirs = float((pi * cost).sum())
