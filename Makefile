@@ -57,7 +57,7 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 # every benchmarks/bench_*.py, one after another; their lines, the machine and the date go to
 # benchmarks/results.csv (rendered by the appendix "Performance"; commit it after a run on a quiet machine)
 bench: $(BENCH_STAMP)
-	$(PY) benchmarks/run.py
+	$(PY) benchmarks/run_all.py
 
 lab: install
 	@mkdir -p $(VENV)/share/jupyter/lab/settings

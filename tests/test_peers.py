@@ -91,3 +91,27 @@ def test_laplace_agrees_with_laplace_torch():
     out = bench.check(steps=100)
     assert set(out) == {"full", "diag"}
     assert all(r["log_marglik_error"] < bench.TOL for r in out.values())
+
+
+# ------------------------------------------------------------------ the results file of `make bench`
+def test_results_file_round_trip(tmp_path):
+    """benchmarks/run_all.py's lines and header come back from wsbook.experiments.performance.read_results."""
+    import run_all as runner
+    from wsbook.experiments import performance
+
+    rows = runner.parse("bench_peer_x", "noise\nname, ours, peer, ratio\nop (batch 4), 0.5, 2.0, 4.0\n"
+                                        "agreement, 1e-9, 1e-9, -\n")
+    assert [r["name"] for r in rows] == ["op (batch 4)", "agreement"] and rows[0]["against"] == "peer"
+    assert runner.parse("bench_x", "a, 1.0, 2.0, 2.0\n")[0]["against"] == "baseline"
+    path = tmp_path / "results.csv"
+    path.write_text("# date: 2030-01-01\n# platform: test\n# cpu_count: 2\n"
+                    "script,name,ours,baseline,ratio,against\n"
+                    "bench_peer_x,op (batch 4),0.5,2.0,4.0,peer\nbench_peer_x,agreement,1e-9,1e-9,-,peer\n")
+    table, machine = performance.read_results(path)
+    assert machine["cpu_count"] == "2" and table["ours"].tolist() == [0.5, 1e-9]
+    assert table["ratio"].tolist() == ["4.0", "-"]
+    path.write_text("script,name,ours,baseline,ratio,against\n")
+    with pytest.raises(ValueError, match="date"):
+        performance.read_results(path)
+    with pytest.raises(FileNotFoundError, match="make bench"):
+        performance.read_results(tmp_path / "missing.csv")

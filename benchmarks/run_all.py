@@ -1,7 +1,7 @@
 """Run every ``benchmarks/bench_*.py`` (or those whose names contain one of the arguments) one after another
 and write their ``name, ours, baseline, ratio`` lines, with the machine and the date, to ``results.csv``.
 
-Usage: ``python benchmarks/run.py [substring ...] [--out PATH]`` (``make bench`` runs all of them). Each script
+Usage: ``python benchmarks/run_all.py [substring ...] [--out PATH]`` (``make bench`` runs all of them). Each script
 runs in its own process; its output is echoed as it comes. A script that fails (for example an agreement
 check between wsbook and a peer library) is reported, the others still run, and the exit status is 1.
 
