@@ -6,7 +6,7 @@ runs in its own process; its output is echoed as it comes. A script that fails (
 check between wsbook and a peer library) is reported, the others still run, and the exit status is 1.
 
 ``results.csv`` starts with ``# key: value`` lines (date, platform, processor, CPU count, Python, torch and
-the peer libraries' versions) followed by one row per printed line: ``script, name, ours, baseline,
+the peer libraries' versions, and the environment variable ``BENCH_NOTE`` when set) followed by one row per printed line: ``script, name, ours, baseline,
 ratio, against`` where ``against`` is the third column's header of the script (``peer`` for the comparisons
 with other libraries, ``baseline`` for wsbook's own loops) and ``ratio`` is as the script defines it (for the
 peer scripts: peer time / our time, so > 1 means wsbook is faster). The appendix "Performance" of the book
@@ -45,11 +45,12 @@ def machine() -> dict[str, str]:
                 break
     except OSError:
         pass
+    note = {"note": os.environ["BENCH_NOTE"]} if os.environ.get("BENCH_NOTE") else {}
     return {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
             "platform": platform.platform(), "processor": cpu, "cpu_count": str(os.cpu_count()),
             "torch_threads": str(torch.get_num_threads()), "python": platform.python_version(),
             "versions": "; ".join(versions),
-            "device": "cuda: " + torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
+            "device": "cuda: " + torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", **note}
 
 
 def parse(script: str, output: str) -> list[dict[str, str]]:

@@ -108,8 +108,12 @@ def test_results_file_round_trip(tmp_path):
                     "script,name,ours,baseline,ratio,against\n"
                     "bench_peer_x,op (batch 4),0.5,2.0,4.0,peer\nbench_peer_x,agreement,1e-9,1e-9,-,peer\n")
     table, machine = performance.read_results(path)
-    assert machine["cpu_count"] == "2" and table["ours"].tolist() == [0.5, 1e-9]
+    assert machine["cpu_count"] == "2" and table["ours"].tolist() == ["0.5", "1e-9"]
     assert table["ratio"].tolist() == ["4.0", "-"]
+    path.write_text("# date: 2030-01-01\n# platform: test\n# cpu_count: 2\n"
+                    "script,name,ours,baseline,ratio,against\nbench_x,op,fast,2.0,-,baseline\n")
+    with pytest.raises(ValueError, match="numbers"):
+        performance.read_results(path)
     path.write_text("script,name,ours,baseline,ratio,against\n")
     with pytest.raises(ValueError, match="date"):
         performance.read_results(path)

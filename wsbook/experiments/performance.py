@@ -10,9 +10,9 @@ RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results.csv"
 
 
 def read_results(path: str | Path | None = None) -> tuple["object", dict[str, str]]:
-    """The benchmark lines as a pandas DataFrame (``script, name, ours, baseline, ratio, against``; ``ours``
-    and ``baseline`` as numbers, ``ratio`` as printed, ``-`` where a line reports an agreement rather than a
-    speed) and the machine description (``date``, ``platform``, ``processor``, ``cpu_count``, ...).
+    """The benchmark lines as a pandas DataFrame (``script, name, ours, baseline, ratio, against``; the values
+    as the scripts printed them, ``ratio`` ``-`` where a line reports an agreement rather than a speed) and
+    the machine description (``date``, ``platform``, ``processor``, ``cpu_count``, ...).
 
     Args:
         path: the results file (default :data:`RESULTS`).
@@ -27,14 +27,26 @@ def read_results(path: str | Path | None = None) -> tuple["object", dict[str, st
         if line.startswith("# ") and ": " in line:
             key, value = line[2:].split(": ", 1)
             machine[key] = value
-    table = pd.read_csv(path, comment="#", skipinitialspace=True, dtype={"ratio": str})
+    table = pd.read_csv(path, comment="#", skipinitialspace=True, dtype=str)
     expected = ["script", "name", "ours", "baseline", "ratio", "against"]
     if list(table.columns) != expected:
         raise ValueError(f"{path}: expected the columns {expected}; got {list(table.columns)}")
+    for column in ("ours", "baseline"):
+        bad = [v for v in table[column] if not _is_number(v)]
+        if bad:
+            raise ValueError(f"{path}: column {column!r} must hold numbers; got {bad[:3]}")
     for key in ("date", "platform", "cpu_count"):
         if key not in machine:
             raise ValueError(f"{path}: the header does not say the machine's {key!r}; rerun `make bench`")
     return table, machine
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 __all__ = ["RESULTS", "read_results"]
