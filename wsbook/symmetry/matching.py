@@ -179,17 +179,25 @@ class _Matcher:
         ``known``, only tensors whose other acted-on axes all belong to groups in ``known`` contribute (the
         greedy initialisation, where later layers are not yet assigned)."""
         members = rows % self.B
-        cost = 0.0
+        n = members.shape[0]
+        first = int(members[0]) if n else 0
+        # a block of consecutive members (the usual case) is a view of the population, not a gathered copy
+        take = (slice(first, first + n) if n and bool((members == torch.arange(first, first + n, device=self.dev)).all())
+                else members)
+        cost = None
         for ax in self.groups[h].axes:
             key = (ax.kind, ax.layer)
             if known is not None and any(g != h and g not in known for g in self.acting[key].values()):
                 continue
             for ref, other in zip(self.refs, self.others):
-                r = ref[key] if ref[key].shape[0] == 1 else ref[key][members]
-                t = self._apply_others(other[key][members], key, h, rows)
-                r = r.movedim(ax.dim + 1, 1).reshape(r.shape[0], self.groups[h].width, -1)
+                r = ref[key] if ref[key].shape[0] == 1 else ref[key][take]
+                t = self._apply_others(other[key][take], key, h, rows)
+                r = r.movedim(ax.dim + 1, 1).reshape(r.shape[0], self.groups[h].width, -1).expand(n, -1, -1)
                 t = t.movedim(ax.dim + 1, 1).reshape(t.shape[0], self.groups[h].width, -1)
-                cost = cost + r @ t.transpose(1, 2)
+                cost = torch.bmm(r, t.transpose(1, 2)) if cost is None else cost.baddbmm_(r, t.transpose(1, 2))
+        if cost is None:
+            w = self.groups[h].width
+            return torch.zeros(n, w, w, device=self.dev, dtype=self.dtype)
         return cost
 
     def update(self, h: int, rows: Tensor, known: set[int] | None = None) -> Tensor:
