@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
 # On a GPU server with its own CUDA torch: `make book TORCH=` skips the CPU wheel (see README).
 TORCH ?= torch==2.13.0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
@@ -46,8 +47,20 @@ browser-deps:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
 	  || sudo sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null'; }
 
-bench: install
-	@for f in benchmarks/bench_*.py; do $(PY) $$f || exit 1; done
+# the [bench] extra: the libraries the benchmarks compare against, installed with the torch already in
+# .venv pinned (a peer that asks for a newer torch must not replace it). A torchvision that cannot load
+# against this torch (PyPI's CUDA wheel next to a CPU torch) is removed: no benchmark needs it, and
+# torchmetrics (imported by laplace-torch) only uses it when it loads.
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install -q -e ".[bench]" "torch==$$($(PY) -c 'import torch; print(torch.__version__.split("+")[0])')"
+	@$(PY) -c "import torchvision" 2>/dev/null || { ! $(PY) -m pip show -q torchvision 2>/dev/null || \
+	  { echo "removing a torchvision that does not load against this torch"; $(PY) -m pip uninstall -y -q torchvision; }; }
+	@touch $(BENCH_STAMP)
+
+# every benchmarks/bench_*.py, one after another; their lines, the machine and the date go to
+# benchmarks/results.csv (rendered by the appendix "Performance"; commit it after a run on a quiet machine)
+bench: $(BENCH_STAMP)
+	$(PY) benchmarks/run_all.py
 
 lab: install
 	$(VENV)/bin/jupyter lab chapters

@@ -3,7 +3,7 @@
 * :class:`NeuralGraph` turns a spec (:class:`~wsbook.nets.MLPSpec` or :class:`~wsbook.nets.CNNSpec`) into a graph
   structure once; populations ``[B, D]`` become batched graphs by gathering and come back by scattering.
   :class:`GraphBatch` batches graphs of one spec or, with ``from_populations``, of several specs of one family.
-* :class:`PNAEdgeLayer`, :class:`RelationalTransformerLayer`: layers (time enters through
+* :class:`PNAEdgeLayer`, :class:`PNALayer` (node-only), :class:`RelationalTransformerLayer`: layers (time enters through
   :class:`wsbook.flows.TimeEmbedding`).
 * :class:`WeightSpaceGNN` (invariant or equivariant head, ``model(theta)``), :class:`WeightSpaceField`
   (the time-conditioned equivariant GNN as a vector field ``field(t, x)``), :class:`FlatMLP` baseline.
@@ -16,9 +16,9 @@ The book's zoos and benchmarks are in :mod:`wsbook.experiments`; the drawing of 
 :func:`wsbook.figures.draw_neural_graph`. Permutations and sign flips of neurons come from
 :mod:`wsbook.symmetry` (the one group action).
 """
-from wsbook.graphs.layers import DegreeScaledAggregation, PNAEdgeLayer, RelationalTransformerLayer
+from wsbook.graphs.layers import DegreeScaledAggregation, PNAEdgeLayer, PNALayer, RelationalTransformerLayer
 from wsbook.graphs.models import FlatMLP, WeightSpaceField, WeightSpaceGNN, count_parameters
 from wsbook.graphs.neural_graph import ROLES, GraphBatch, NeuralGraph
 
-__all__ = ["DegreeScaledAggregation", "PNAEdgeLayer", "RelationalTransformerLayer", "FlatMLP",
+__all__ = ["DegreeScaledAggregation", "PNAEdgeLayer", "PNALayer", "RelationalTransformerLayer", "FlatMLP",
            "WeightSpaceField", "WeightSpaceGNN", "count_parameters", "GraphBatch", "NeuralGraph", "ROLES"]

@@ -4,6 +4,8 @@
   torch-geometric's ``MessagePassing``, with messages modulated by the edge features (FiLM, Brockschmidt
   2020) and an edge update (eq. 5.2). Its degree scalers (:class:`DegreeScaledAggregation`) read the
   degrees of the graph being processed and one fixed reference, so a layer is not tied to one architecture.
+* :class:`PNALayer`: node-only PNA (no edge update, no FiLM), the function of torch-geometric's ``PNAConv``
+  computed with per-node projections (the benchmark against ``PNAConv`` and an ablation of the edge update).
 * :class:`RelationalTransformerLayer`: attention whose queries, keys and values mix node and edge
   features (Diao & Loynd, 2023; eq. 5.6), over graph neighbours or over all nodes of each graph (graphs
   of different sizes in one batch are padded and masked).
@@ -129,6 +131,49 @@ class PNAEdgeLayer(MessagePassing):
     def message(self, target_i: Tensor, source_j: Tensor, f: Tensor) -> Tensor:
         gamma, beta = f.chunk(2, -1)
         return self.post(torch.addcmul(beta, gamma, target_i + source_j))
+
+
+class PNALayer(MessagePassing):
+    """Node-only principal neighbourhood aggregation (Corso et al., 2020): PNA with the edge update and the
+    FiLM modulation of :class:`PNAEdgeLayer` switched off; edges are read, never updated.
+
+    Message ``m_ij = W_M [h_i, h_j, W_E e_ij + b_E] + b_M``; the same aggregation as :class:`PNAEdgeLayer`
+    (:class:`DegreeScaledAggregation`); node update ``h_i <- W_O (W_U [h_i, agg_i] + b_U) + b_O``. This is
+    the function of torch-geometric's ``PNAConv(dim, dim, ["mean", "std", "max", "min"], ["identity",
+    "amplification", "attenuation"], deg, edge_dim=dim)`` (one tower, one pre- and one post-layer) applied to
+    both directions of every edge (:func:`bidirectional`); parameters carry the same names (``edge_encoder``,
+    ``pre``, ``post``, ``lin``), so weights can be copied between the two. It is computed differently:
+    ``W_M`` is split by input, so every node and every edge is projected once and the projections are
+    gathered per message, instead of a linear layer over a concatenated ``[h_i, h_j, e_ij]`` per message.
+
+    Args:
+        dim: node and edge feature size.
+        mean_log_degree: the degree scalers' reference ``delta = mean log(d + 1)`` (as for :class:`PNAEdgeLayer`).
+    """
+
+    def __init__(self, dim: int, mean_log_degree: float):
+        super().__init__(aggr=DegreeScaledAggregation(mean_log_degree))
+        self.direction = nn.Embedding(2, dim)
+        self.edge_encoder = nn.Linear(dim, dim)
+        self.pre = nn.Linear(3 * dim, dim)
+        self.post = nn.Linear(13 * dim, dim)
+        self.lin = nn.Linear(dim, dim)
+
+    def forward(self, h: Tensor, edge_index: Tensor, e: Tensor, batch: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        d = h.shape[-1]
+        ei = torch.cat([edge_index, edge_index.flip(0)], 1)
+        w = self.pre.weight
+        target, source = F.linear(h, w[:, :d], self.pre.bias), F.linear(h, w[:, d:2 * d])
+        # W_C (W_E (e + direction_k) + b_E) = (W_C W_E) e + W_C (W_E direction_k + b_E): each edge once
+        w_edge = w[:, 2 * d:]
+        fe = F.linear(e, w_edge @ self.edge_encoder.weight)
+        fd = F.linear(self.edge_encoder(self.direction.weight), w_edge)
+        f = (fe.unsqueeze(0) + fd.unsqueeze(1)).reshape(-1, d)                     # [2E, d]: both directions
+        agg = self.propagate(ei, target=target, source=source, f=f, size=(h.shape[0], h.shape[0]))
+        return self.lin(self.post(torch.cat([h, agg], -1))), e
+
+    def message(self, target_i: Tensor, source_j: Tensor, f: Tensor) -> Tensor:
+        return target_i + source_j + f
 
 
 class RelationalTransformerLayer(nn.Module):

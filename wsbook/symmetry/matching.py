@@ -47,7 +47,7 @@ class Alignment:
             global optimum likely). ``None`` for methods that are not iterative.
         sweeps: the most sweeps over the layers any candidate needed (weight matching), else 0.
         candidates: how many starting points were optimised per member (weight matching), else 1.
-        hungarian_seconds: wall time spent in Hungarian solves.
+        hungarian_seconds: time spent in Hungarian solves (summed over threads when they run in parallel).
         soft: Sinkhorn re-basin only: the doubly stochastic matrices ``[B, w, w]`` before hardening.
     """
 
@@ -78,9 +78,10 @@ class GaussianAlignment:
 
 
 # ------------------------------------------------------------------ helpers
-def hungarian(cost: Tensor, maximize: bool = True) -> Tensor:
+def hungarian(cost: Tensor, maximize: bool = True, parallel: bool = True) -> Tensor:
     """Solve ``[B, n, n]`` linear assignment problems; returns ``perm [B, n]`` with row ``i`` assigned to
-    column ``perm[i]`` (the Hungarian method / Jonker-Volgenant via SciPy, one call per matrix)."""
+    column ``perm[i]`` (the Hungarian method / Jonker-Volgenant via SciPy, one call per matrix; with
+    ``parallel``, large batches are spread over the torch CPU threads)."""
     if cost.dim() == 2:
         cost = cost.unsqueeze(0)
     if cost.dim() != 3 or cost.shape[1] != cost.shape[2]:
@@ -95,7 +96,7 @@ def hungarian(cost: Tensor, maximize: bool = True) -> Tensor:
 
     # no batched LAP solver exists in SciPy, so this is the one per-network loop; SciPy releases the GIL
     # inside the solver, so large batches are spread over the torch CPU threads
-    workers = min(torch.get_num_threads(), c.shape[0] // 8)
+    workers = min(torch.get_num_threads(), c.shape[0] // 8) if parallel else 1
     if workers > 1:
         with ThreadPoolExecutor(workers) as pool:
             list(pool.map(solve, range(c.shape[0])))
@@ -127,6 +128,10 @@ def _shape_along(ndim: int, axis: int, n: int, width: int) -> list[int]:
     return shape
 
 
+#: bytes of one member's largest parameter tensor times the members per block of cost matrices on a CPU
+CPU_BLOCK_BYTES = 1 << 20
+
+
 class _Matcher:
     """Coordinate descent of weight matching (Ainsworth et al., 2023, Alg. 1) over ``K`` candidate starting
     points for each of ``B`` members at once (``K * B`` rows; row ``r`` is candidate ``r // B`` of member
@@ -146,6 +151,11 @@ class _Matcher:
         self.perms = [torch.arange(g.width, device=self.dev).expand(self.n_rows, g.width).clone() for g in self.groups]
         self.sgn = [torch.ones(self.n_rows, g.width, device=self.dev, dtype=self.dtype) for g in self.groups]
         self.hungarian_seconds = 0.0
+        # On a CPU the cost matrices are built a few members at a time, so that each block's gathered weights
+        # and products stay in cache (about 1 MiB): three times faster than one product over a whole zoo
+        # of 128-wide layers (benchmarks/bench_peer_alignment.py). A GPU takes all rows in one product.
+        per_member = max(t[0].numel() for views in self.others for t in views.values()) * others[0].element_size()
+        self.block = self.n_rows if self.dev.type != "cpu" else max(1, CPU_BLOCK_BYTES // per_member)
 
     def _views(self, theta: Tensor) -> dict[tuple[str, int], Tensor]:
         out = {("W", l): w for l, w in enumerate(self.spec.weights(theta))}
@@ -170,30 +180,54 @@ class _Matcher:
         ``known``, only tensors whose other acted-on axes all belong to groups in ``known`` contribute (the
         greedy initialisation, where later layers are not yet assigned)."""
         members = rows % self.B
-        cost = 0.0
+        n = members.shape[0]
+        first = int(members[0]) if n else 0
+        # a block of consecutive members (the usual case) is a view of the population, not a gathered copy
+        take = (slice(first, first + n) if n and bool((members == torch.arange(first, first + n, device=self.dev)).all())
+                else members)
+        cost = None
         for ax in self.groups[h].axes:
             key = (ax.kind, ax.layer)
             if known is not None and any(g != h and g not in known for g in self.acting[key].values()):
                 continue
             for ref, other in zip(self.refs, self.others):
-                r = ref[key] if ref[key].shape[0] == 1 else ref[key][members]
-                t = self._apply_others(other[key][members], key, h, rows)
-                r = r.movedim(ax.dim + 1, 1).reshape(r.shape[0], self.groups[h].width, -1)
+                r = ref[key] if ref[key].shape[0] == 1 else ref[key][take]
+                t = self._apply_others(other[key][take], key, h, rows)
+                r = r.movedim(ax.dim + 1, 1).reshape(r.shape[0], self.groups[h].width, -1).expand(n, -1, -1)
                 t = t.movedim(ax.dim + 1, 1).reshape(t.shape[0], self.groups[h].width, -1)
-                cost = cost + r @ t.transpose(1, 2)
+                cost = torch.bmm(r, t.transpose(1, 2)) if cost is None else cost.baddbmm_(r, t.transpose(1, 2))
+        if cost is None:
+            w = self.groups[h].width
+            return torch.zeros(n, w, w, device=self.dev, dtype=self.dtype)
         return cost
 
     def update(self, h: int, rows: Tensor, known: set[int] | None = None) -> Tensor:
         """One exact assignment step for layer ``h`` on ``rows``; returns which rows changed."""
-        cost = self.cost(h, rows, known)
-        t0 = time.perf_counter()
-        new = hungarian(cost.abs() if self.signs else cost)
-        self.hungarian_seconds += time.perf_counter() - t0
+        def solve(cost: Tensor) -> tuple[Tensor, Tensor | None, float]:
+            t0 = time.perf_counter()
+            new = hungarian(cost.abs() if self.signs else cost, parallel=False)
+            seconds = time.perf_counter() - t0
+            if not self.signs:
+                return new, None, seconds
+            picked = cost.gather(2, new.unsqueeze(2)).squeeze(2)
+            return new, torch.where(picked < 0, -1.0, 1.0).to(self.dtype), seconds
+
+        blocks = rows.split(self.block)
+        workers = min(torch.get_num_threads(), len(blocks))
+        if workers > 1:
+            # the cost of the next block is built (torch, this thread) while earlier blocks' LAPs are solved
+            # by the pool (SciPy releases the GIL)
+            with ThreadPoolExecutor(workers) as pool:
+                futures = [pool.submit(solve, self.cost(h, block, known)) for block in blocks]
+                solved = [f.result() for f in futures]
+        else:          # each block's LAPs are solved while its cost matrices are still in cache
+            solved = [solve(self.cost(h, block, known)) for block in blocks]
+        self.hungarian_seconds += sum(sec for _, _, sec in solved)
+        new = torch.cat([p for p, _, _ in solved])
         changed = (new != self.perms[h][rows]).any(1)
         self.perms[h][rows] = new
         if self.signs:
-            picked = cost.gather(2, new.unsqueeze(2)).squeeze(2)
-            new_sgn = torch.where(picked < 0, -1.0, 1.0).to(self.dtype)
+            new_sgn = torch.cat([sg for _, sg, _ in solved])
             changed |= (new_sgn != self.sgn[h][rows]).any(1)
             self.sgn[h][rows] = new_sgn
         return changed
