@@ -122,7 +122,7 @@ def flow_config(chart: str, variant: str = "aligned_ot", field: str = "gnn", **o
     aligned, coupling = VARIANTS[variant]
     s = config.by_scale
     if field == "gnn":
-        sizes = dict(dim=s(8, 16, 32), n_layers=s(1, 2, 3), steps=s(40, 250, 20_000), batch_size=s(16, 32, 64),
+        sizes = dict(dim=s(8, 16, 32), n_layers=s(1, 2, 3), steps=s(25, 250, 20_000), batch_size=s(16, 32, 64),
                      lr=3e-3)
     else:
         sizes = dict(hidden=s(128, 256, 512), depth=3, steps=s(300, 3000, 20_000), batch_size=s(32, 64, 64), lr=3e-3)
