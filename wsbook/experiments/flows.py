@@ -1,0 +1,439 @@
+"""Flows over the networks of a checkpoint zoo, trained, sampled and scored the one way the results chapter
+uses (book chapter 8; thesis 000, sec. 7.2-7.3).
+
+* :class:`FlowConfig`: which flow (chart, field, coupling, alignment) and how long it trains; its
+  :attr:`~FlowConfig.name` is the row name of the chapter's tables (``"geometric_aligned_ot"``, the key of
+  :mod:`wsbook.experiments.published`). :func:`flow_config` fills in the per-scale sizes.
+* :func:`zoo_split`: the one seeded split of a zoo into the runs a flow learns from, the held-out runs every
+  distance is measured against, and as many other runs for the noise floor; plus the reference network
+  the aligned charts match every network to.
+* :func:`train_flow`: a cached :class:`~wsbook.weightflow.WeightFlow` (state dict and seconds under
+  ``"flows/trained"``).
+* :func:`sample_flow`: cached samples (``"flows/samples"``), with or without task-loss guidance.
+* :func:`references` and :func:`score`: every generated set scored the same way: accuracy and NLL (mean +-
+  std over networks), the model average of 64, the function-space MMD^2 to held-out runs beside the floor of
+  two disjoint groups of runs, the median nearest-neighbour distance to the training zoo in the aligned,
+  canonical weight space against held-out runs' (memorisation), and the weight-space W2 with its floor.
+* :func:`steps_curve` and :func:`adam_curve`: sample quality against solver steps, and the optimiser after
+  as many steps (thesis Fig. 7.3).
+
+Sizes come from :func:`wsbook.config.by_scale`; everything expensive goes through :mod:`wsbook.cache`.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+
+import torch
+from torch import Tensor
+
+from wsbook import config, data
+from wsbook.bayes import distances
+from wsbook.cache import cached
+from wsbook.experiments import targets
+from wsbook.nets import train_population
+from wsbook.weightflow import FlatField, GeometricChart, Guidance, WeightFlow, gnn_field, make_chart
+
+CHARTS = ("euclidean", "normalized", "geometric")
+FIELDS = ("gnn", "flat")
+#: the thesis's three design variants of Table 7.1: (chart aligned to a reference, coupling)
+VARIANTS = {"plain": (False, "independent"), "aligned": (True, "independent"), "aligned_ot": (True, "ot")}
+
+
+# ------------------------------------------------------------------------------------------ configuration
+@dataclass(frozen=True)
+class FlowConfig:
+    """One flow over a zoo and its training budget (every field is part of the cache key).
+
+    Attributes:
+        chart: ``"euclidean"``, ``"normalized"`` or ``"geometric"`` (:mod:`wsbook.weightflow.charts`).
+        field: ``"gnn"`` (the equivariant :func:`~wsbook.weightflow.gnn_field`) or ``"flat"`` (the plain
+            :class:`~wsbook.weightflow.FlatField` baseline).
+        aligned: the chart aligns every network to the split's reference network by weight matching.
+        coupling: ``"independent"`` or ``"ot"`` (exact minibatch OT in the chart's metric).
+        align_pairs: also permute every target to its source partner (see :class:`WeightFlow`).
+        parametrization: ``"velocity"`` or ``"endpoint"``.
+        time_distribution: ``"uniform"`` or ``"beta(1,2)"``.
+        sigma: the source's scale on Euclidean coordinates (``None``: the chart's default, 0.1 for the
+            Euclidean chart as in the thesis, 1 on the last layer of the canonical charts).
+        last_layer: ``"euclidean"`` (canonical networks compute exactly the function of their preimage) or
+            ``"sphere"`` (the thesis's ``sqrt(C)`` last layer, which rescales the logits).
+        dim, n_layers, heads: GNN size; hidden, depth: flat MLP size.
+        steps, batch_size, lr, ema_decay: training.
+    """
+
+    chart: str
+    field: str = "gnn"
+    aligned: bool = True
+    coupling: str = "ot"
+    align_pairs: bool = False
+    parametrization: str = "velocity"
+    time_distribution: str = "uniform"
+    sigma: float | None = None
+    last_layer: str = "euclidean"
+    dim: int = 16
+    n_layers: int = 2
+    heads: int = 1
+    hidden: int = 256
+    depth: int = 3
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 3e-3
+    ema_decay: float = 0.99
+
+    def __post_init__(self) -> None:
+        if self.chart not in CHARTS:
+            raise ValueError(f"FlowConfig: chart must be one of {CHARTS}; got {self.chart!r}")
+        if self.field not in FIELDS:
+            raise ValueError(f"FlowConfig: field must be one of {FIELDS}; got {self.field!r}")
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError(f"FlowConfig: steps and batch_size must be positive; got {self.steps}, {self.batch_size}")
+
+    @property
+    def variant(self) -> str:
+        """``"plain"``, ``"aligned"``, ``"aligned_ot"`` (or ``"ot"`` for OT pairs without alignment)."""
+        return ("aligned" if self.aligned else "") + ("_ot" if self.coupling == "ot" else "") or "plain"
+
+    @property
+    def name(self) -> str:
+        """The table row: ``"<chart>[_aligned][_ot]"`` (the published tables' names), ``"flat_..."`` for the
+        flat-MLP field."""
+        variant = self.variant.lstrip("_")
+        base = self.chart if variant == "plain" else f"{self.chart}_{variant}"
+        return base if self.field == "gnn" else f"flat_{base}"
+
+
+def flow_config(chart: str, variant: str = "aligned_ot", field: str = "gnn", **overrides) -> FlowConfig:
+    """The book's flow ``chart`` x ``variant`` (a key of :data:`VARIANTS`) with the per-scale training sizes.
+
+    The GNN is what costs on a CPU (about 0.1 s per step of 32 breast-cancer networks with ``dim=16``,
+    ``n_layers=2`` on one busy core), so ``default`` gives it a few hundred steps; ``full`` is sized for a GPU.
+    The flat baseline is cheap and gets more steps, as a user would give it.
+
+    Args:
+        chart: ``"euclidean"``, ``"normalized"`` or ``"geometric"``.
+        variant: ``"plain"``, ``"aligned"`` or ``"aligned_ot"``.
+        field: ``"gnn"`` or ``"flat"``.
+        overrides: any other :class:`FlowConfig` field.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"flow_config: variant must be one of {tuple(VARIANTS)}; got {variant!r}")
+    aligned, coupling = VARIANTS[variant]
+    s = config.by_scale
+    if field == "gnn":
+        sizes = dict(dim=s(8, 16, 32), n_layers=s(1, 2, 3), steps=s(25, 250, 20_000), batch_size=s(16, 32, 64),
+                     lr=3e-3)
+    else:
+        sizes = dict(hidden=s(128, 256, 512), depth=3, steps=s(300, 3000, 20_000), batch_size=s(32, 64, 64), lr=3e-3)
+    return FlowConfig(chart=chart, field=field, aligned=aligned, coupling=coupling, **{**sizes, **overrides})
+
+
+def baseline_config(**overrides) -> FlowConfig:
+    """The plain baseline of every table: a flat MLP field on the aligned weight vector (Euclidean chart)
+    with OT pairs, the simplest flow a user would try."""
+    return flow_config("euclidean", "aligned_ot", field="flat", **overrides)
+
+
+# ---------------------------------------------------------------------------------------------- splits
+@dataclass
+class ZooSplit:
+    """A zoo split by whole runs.
+
+    Attributes:
+        zoo: the whole zoo.
+        train: the runs flows learn from (everything but ``held``).
+        held: held-out runs; every distance to "the target" is measured against them.
+        other: as many runs as ``held``, disjoint from it (drawn from ``train``): the distance between
+            ``other`` and ``held`` is the noise floor of run-to-run variation.
+        reference: the network ``[1, D]`` the aligned charts match every network to (the last checkpoint
+            of the first training run).
+    """
+
+    zoo: targets.Zoo
+    train: targets.Zoo
+    held: targets.Zoo
+    other: targets.Zoo
+    reference: Tensor
+
+    @property
+    def spec(self):
+        return self.zoo.spec
+
+    @property
+    def data(self) -> data.Dataset:
+        return self.zoo.data
+
+
+def zoo_split(name: str, n_holdout: int | None = None, seed: int = 0) -> ZooSplit:
+    """The seeded split of zoo ``name`` (:func:`wsbook.experiments.targets.zoo`) used by every flow experiment.
+
+    Args:
+        name: the zoo (``"breast_cancer"``, ``"mnist5k"``, ``"mnist5k_w32"``).
+        n_holdout: held-out runs (default: a fifth of the runs, at least 2).
+        seed: seeds the choice of runs.
+    """
+    z = targets.zoo(name)
+    n_runs = len(z.runs)
+    n_holdout = max(2, n_runs // 5) if n_holdout is None else int(n_holdout)
+    if not 1 <= n_holdout <= (n_runs - 1) // 2:
+        raise ValueError(f"zoo_split: n_holdout must be in [1, {(n_runs - 1) // 2}] for a zoo of {n_runs} runs "
+                         f"(held-out runs, as many other runs, and at least one more); got {n_holdout}")
+    gen = torch.Generator().manual_seed(seed)
+    train, held = targets.split_runs(z, n_holdout, generator=gen)
+    _, other = targets.split_runs(train, n_holdout, generator=gen)
+    first = train.select(train.run == int(train.runs[0]))
+    reference = first.theta[first.step.argmax()][None].clone()
+    return ZooSplit(z, train, held, other, reference)
+
+
+def build_flow(split: ZooSplit, cfg: FlowConfig) -> WeightFlow:
+    """The untrained :class:`~wsbook.weightflow.WeightFlow` of ``cfg`` for the split's architecture."""
+    spec = split.spec
+    kw = {} if cfg.sigma is None else {"sigma": cfg.sigma}
+    if cfg.aligned:
+        kw["reference"] = split.reference[0].cpu()
+    if cfg.chart != "euclidean":
+        kw["last_layer"] = cfg.last_layer
+    chart = make_chart(cfg.chart, spec, **kw)
+    if cfg.field == "gnn":
+        field = gnn_field(spec, dim=cfg.dim, n_layers=cfg.n_layers, heads=cfg.heads)
+    else:
+        field = FlatField(spec, hidden=cfg.hidden, depth=cfg.depth)
+    return WeightFlow(chart, field, coupling=cfg.coupling, align_pairs=cfg.align_pairs,
+                      parametrization=cfg.parametrization, time_distribution=cfg.time_distribution)
+
+
+# -------------------------------------------------------------------------------------------- training
+@dataclass
+class TrainedFlow:
+    """A trained flow with its configuration, training seconds and per-step losses."""
+
+    flow: WeightFlow
+    config: FlowConfig
+    seconds: float
+    losses: Tensor
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+@cached("flows/trained", version=1)
+def _train_flow(zoo_name: str, n_holdout: int | None, split_seed: int, cfg: FlowConfig, seed: int) -> dict:
+    split = zoo_split(zoo_name, n_holdout, split_seed)
+    flow = build_flow(split, cfg)
+    fit = flow.fit(split.train.theta.cpu(), steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
+                   ema_decay=cfg.ema_decay, generator=torch.Generator().manual_seed(seed), desc=f"flow {cfg.name}")
+    return {"state": flow.state_dict(), "seconds": fit.seconds, "losses": fit.losses}
+
+
+def train_flow(zoo_name: str, cfg: FlowConfig, *, n_holdout: int | None = None, split_seed: int = 0,
+               seed: int = 0) -> TrainedFlow:
+    """Train (or read from the cache) the flow ``cfg`` on the training runs of :func:`zoo_split`.
+
+    Args:
+        zoo_name: the zoo (``"breast_cancer"``, ``"mnist5k"``, ...).
+        cfg: the flow and its budget (:func:`flow_config`, :func:`baseline_config`).
+        n_holdout, split_seed: the split (:func:`zoo_split`).
+        seed: the training run's randomness (source draws, minibatches, times).
+    """
+    out = _train_flow(zoo_name, n_holdout, split_seed, cfg, seed)
+    return TrainedFlow(WeightFlow.from_state(out["state"]), cfg, float(out["seconds"]), out["losses"].cpu())
+
+
+# -------------------------------------------------------------------------------------------- sampling
+@cached("flows/samples", version=1)
+def _sample_flow(zoo_name: str, n_holdout: int | None, split_seed: int, cfg: FlowConfig, seed: int, n: int,
+                 steps: int, method: str, guidance: float, guidance_schedule: str, sample_seed: int) -> dict:
+    trained = train_flow(zoo_name, cfg, n_holdout=n_holdout, split_seed=split_seed, seed=seed)
+    gen = torch.Generator().manual_seed(sample_seed)
+    guide = None
+    if guidance > 0:
+        ds = data.load(targets.ZOOS[zoo_name].dataset, device="cpu")
+        guide = Guidance(ds.x_train, ds.y_train, weight=guidance, schedule=guidance_schedule, batch_size=None,
+                         generator=gen)
+    start = time.perf_counter()
+    with torch.no_grad():
+        theta = trained.flow.sample(n, steps=steps, method=method, generator=gen, guidance=guide)
+    return {"theta": theta, "seconds": time.perf_counter() - start}
+
+
+def sample_flow(zoo_name: str, cfg: FlowConfig, n: int, *, steps: int = 16, method: str = "midpoint",
+                guidance: float = 0.0, guidance_schedule: str = "linear", n_holdout: int | None = None,
+                split_seed: int = 0, seed: int = 0, sample_seed: int = 1) -> tuple[Tensor, float]:
+    """``n`` networks from the trained flow ``cfg`` (cached): ``(theta [n, D], seconds)``.
+
+    Args:
+        zoo_name, cfg, n_holdout, split_seed, seed: the flow, as in :func:`train_flow`.
+        n: networks to draw.
+        steps, method: the ODE solver (``"euler"``, ``"midpoint"``, ``"rk4"``).
+        guidance: the weight lambda of task-loss guidance on the full training set (0: none).
+        guidance_schedule: ``"constant"``, ``"linear"`` or ``"quadratic"`` (see :class:`Guidance`).
+        sample_seed: draws the source points and guidance minibatches.
+    """
+    if n < 1 or steps < 1:
+        raise ValueError(f"sample_flow: n and steps must be positive; got {n}, {steps}")
+    if guidance < 0:
+        raise ValueError(f"sample_flow: guidance must be >= 0; got {guidance}")
+    out = _sample_flow(zoo_name, n_holdout, split_seed, cfg, seed, n, steps, method, float(guidance),
+                       guidance_schedule, sample_seed)
+    return out["theta"], float(out["seconds"])
+
+
+# ------------------------------------------------------------------------------------------------ scoring
+@dataclass
+class References:
+    """What every generated set is compared with (computed once per split).
+
+    Attributes:
+        split: the zoo split.
+        probs_held, probs_other: test probabilities of the held-out runs and the floor's other runs.
+        bandwidth: the MMD kernel bandwidth shared by all rows (median heuristic on held and other).
+        canonical: the chart that puts networks in the aligned, canonical weight space (weight matching
+            to the split's reference, every hidden neuron normalised): distances there ignore both symmetries.
+        train_points: the training zoo in that space; nn_held: median nearest-neighbour distance from the
+            held-out runs to it (the memorisation yardstick).
+        w2_n: networks per set in the W2 distances; w2_floor: W2 between ``w2_n`` other-run and held-out
+            networks.
+        mmd2_floor: MMD^2 between the other and the held-out runs.
+    """
+
+    split: ZooSplit
+    probs_held: Tensor
+    probs_other: Tensor
+    bandwidth: float
+    canonical: GeometricChart
+    train_points: Tensor
+    held_points: Tensor
+    other_points: Tensor
+    nn_held: float
+    w2_n: int
+    w2_floor: float
+    mmd2_floor: float
+
+
+def _rows(n_total: int, k: int, gen: torch.Generator) -> Tensor:
+    return torch.randperm(n_total, generator=gen)[:min(k, n_total)]
+
+
+def references(split: ZooSplit, w2_n: int = 128, max_train: int = 4000, seed: int = 0) -> References:
+    """The function-space and weight-space references of a split (see :class:`References`).
+
+    Args:
+        split: from :func:`zoo_split`.
+        w2_n: networks per set in every W2 (W2 between finite sets depends on their size, so one size for all).
+        max_train: the training zoo is subsampled to this many networks for nearest-neighbour distances.
+        seed: the subsamples.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    x_test = split.data.x_test
+    p_held = targets.predictive_probs(split.spec, split.held.theta, x_test)
+    p_other = targets.predictive_probs(split.spec, split.other.theta, x_test)
+    h = distances.median_bandwidth(p_held, p_other, generator=gen)
+    canon = GeometricChart(split.spec, reference=split.reference[0].cpu())
+    train = split.train.theta[_rows(len(split.train), max_train, gen)].cpu()
+    train_pts, held_pts, other_pts = (canon.to_points(t) for t in (train, split.held.theta.cpu(),
+                                                                   split.other.theta.cpu()))
+    held_q = held_pts[_rows(len(held_pts), w2_n, gen)]
+    nn_held = float(distances.median_nn_distance(held_q, train_pts))
+    w2_floor = float(distances.wasserstein2(other_pts[_rows(len(other_pts), w2_n, gen)], held_q))
+    mmd_floor = float(distances.mmd2(p_other, p_held, bandwidth=h))
+    return References(split, p_held, p_other, h, canon, train_pts, held_pts, other_pts, nn_held, w2_n, w2_floor,
+                      mmd_floor)
+
+
+def score(theta: Tensor, refs: References, *, bma_k: int = 64, seed: int = 0) -> dict:
+    """Score generated networks ``theta [n, D]`` against the split's references.
+
+    Returns a dict: ``accuracy``, ``accuracy_std``, ``nll``, ``nll_std`` (over networks, test split),
+    ``bma_accuracy``, ``bma_nll`` (model average of ``bma_k``), ``mmd2`` and ``mmd2_floor`` (to held-out
+    runs; floor: other runs), ``mmd_ratio`` (``sqrt(mmd2 / floor)``), ``nn_train`` (median nearest-neighbour
+    distance to the training zoo in the aligned canonical space) and ``nn_held`` (the same for held-out
+    runs), ``w2`` and ``w2_floor`` (to ``w2_n`` held-out networks).
+
+    Args:
+        theta: the networks (ordinary weights of the split's architecture).
+        refs: from :func:`references`.
+        bma_k: members of the model average.
+        seed: the subsamples (model average, W2 sets).
+    """
+    split = refs.split
+    theta = split.spec.check(theta, "theta")
+    gen = torch.Generator().manual_seed(seed)
+    probs = targets.predictive_probs(split.spec, theta, split.data.x_test)
+    ev = targets.evaluate_probs(probs, split.data.y_test, bma_k=bma_k, generator=gen)
+    mmd = float(distances.mmd2(probs, refs.probs_held, bandwidth=refs.bandwidth))
+    pts = refs.canonical.to_points(theta.cpu())
+    q = pts[_rows(len(pts), refs.w2_n, gen)]
+    held_q = refs.held_points[_rows(len(refs.held_points), refs.w2_n, torch.Generator().manual_seed(seed + 1))]
+    return dict(n=ev.n, accuracy=ev.accuracy, accuracy_std=ev.accuracy_std, nll=ev.nll, nll_std=ev.nll_std,
+                bma_accuracy=ev.bma_accuracy, bma_nll=ev.bma_nll, mmd2=mmd, mmd2_floor=refs.mmd2_floor,
+                mmd_ratio=math.sqrt(max(mmd, 0.0) / refs.mmd2_floor) if refs.mmd2_floor > 0 else math.inf,
+                nn_train=float(distances.median_nn_distance(q, refs.train_points)), nn_held=refs.nn_held,
+                w2=float(distances.wasserstein2(q, held_q)), w2_floor=refs.w2_floor)
+
+
+def target_rows(refs: References, n: int, *, bma_k: int = 64, seed: int = 0) -> dict[str, dict]:
+    """The rows every generated set is read against, scored by :func:`score` on ``n`` networks each:
+    ``"target"`` (checkpoints of the training runs: what the flows learn from) and ``"other runs"`` (the
+    floor's runs, which the MMD and W2 floors compare with the held-out runs)."""
+    gen = torch.Generator().manual_seed(seed)
+    train, other = refs.split.train.theta, refs.split.other.theta
+    return {"target": score(train[_rows(len(train), n, gen).to(train.device)], refs, bma_k=bma_k, seed=seed),
+            "other runs": score(other[_rows(len(other), n, gen).to(other.device)], refs, bma_k=bma_k, seed=seed)}
+
+
+# ---------------------------------------------------------------------------------------- steps and Adam
+def steps_curve(zoo_name: str, cfg: FlowConfig, steps_list: tuple[int, ...], n: int, *,
+                guidance: tuple[float, ...] = (0.0,), method: str = "euler", **kwargs) -> list[dict]:
+    """Test accuracy and NLL of ``n`` samples of the flow ``cfg`` for every number of solver steps in
+    ``steps_list`` and every guidance weight (thesis Fig. 7.3): one dict per (steps, guidance) with
+    ``flow``, ``steps``, ``guidance``, ``accuracy``, ``nll`` (means over networks) and ``seconds``.
+    Further keyword arguments go to :func:`sample_flow`."""
+    ds = data.load(targets.ZOOS[zoo_name].dataset)
+    spec = targets.ZOOS[zoo_name].spec
+    rows = []
+    for lam in guidance:
+        for k in steps_list:
+            theta, seconds = sample_flow(zoo_name, cfg, n, steps=int(k), method=method, guidance=lam, **kwargs)
+            ev = targets.evaluate(spec, theta, ds, bma_k=1)
+            rows.append(dict(flow=cfg.name, steps=int(k), guidance=float(lam), accuracy=ev.accuracy, nll=ev.nll,
+                             seconds=seconds))
+    return rows
+
+
+@cached("flows/adam_curve", version=1)
+def _adam_curve(cfg: targets.ZooConfig, steps_list: tuple[int, ...], n: int, seed: int) -> dict:
+    ds = data.load(cfg.dataset)
+    spec = cfg.spec
+    gen = torch.Generator().manual_seed(seed)
+    theta0 = (torch.randn(n, spec.n_params, generator=gen) * cfg.init_std).to(ds.x_train)
+    every = math.gcd(*steps_list)
+    res = train_population(spec, theta0, ds.x_train, ds.y_train, steps=max(steps_list), lr=cfg.lr,
+                           optimizer=cfg.optimizer, batch_size=cfg.batch_size, momentum=cfg.momentum,
+                           weight_decay=cfg.weight_decay, checkpoint_every=every, generator=gen, progress=False)
+    at = {s: i for i, s in enumerate(res.checkpoint_steps)}
+    return {"theta": torch.stack([res.checkpoints[at[k]] for k in steps_list])}       # [len(steps), n, D]
+
+
+def adam_curve(zoo_name: str, steps_list: tuple[int, ...], n: int, seed: int = 0) -> list[dict]:
+    """``n`` fresh runs of the zoo's own optimiser from its initialisation, scored after every number of
+    optimisation steps in ``steps_list`` (the thesis's "Target (Adam)" curve of Fig. 7.3): one dict per
+    step count with ``flow`` (the optimiser's name), ``steps``, ``accuracy``, ``nll``."""
+    cfg = targets.ZOOS[zoo_name]
+    steps_list = tuple(int(k) for k in steps_list)
+    if not steps_list or min(steps_list) < 1:
+        raise ValueError(f"adam_curve: steps_list must hold positive step counts; got {steps_list}")
+    thetas = _adam_curve(cfg, steps_list, n, seed)["theta"]
+    ds = data.load(cfg.dataset)
+    rows = []
+    for k, theta in zip(steps_list, thetas):
+        ev = targets.evaluate(cfg.spec, theta, ds, bma_k=1)
+        rows.append(dict(flow=cfg.optimizer, steps=k, guidance=0.0, accuracy=ev.accuracy, nll=ev.nll, seconds=0.0))
+    return rows
+
+
+__all__ = ["FlowConfig", "flow_config", "baseline_config", "VARIANTS", "ZooSplit", "zoo_split", "build_flow",
+           "TrainedFlow", "train_flow", "sample_flow", "References", "references", "score", "target_rows",
+           "steps_curve", "adam_curve"]
