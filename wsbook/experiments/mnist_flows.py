@@ -165,10 +165,11 @@ def make_flow(recipe: str, spec: MLPSpec, reference: Tensor, b: Budget, dim: int
              "geometric": lambda: GeometricChart(spec, reference=reference)}[chart_kind]()
     field = (FlatField(spec, hidden=b.flat_hidden, depth=3) if field_kind == "flat"
              else gnn_field(spec, dim=dim or b.dim, n_layers=b.n_layers))
-    return WeightFlow(chart, field, coupling=coupling)
+    # GNN fields get pairs aligned to their source partner (equivariant flow matching, Klein et al., 2023)
+    return WeightFlow(chart, field, coupling=coupling, align_pairs=field_kind == "gnn")
 
 
-@cached("flows/mnist/train", version=1)
+@cached("flows/mnist/train", version=2)   # 2: EMA with warm-up
 def _train(recipe: str, fields: dict, dim: int, seed: int) -> dict:
     b = budget()
     if _training_fields(b) != fields:
@@ -193,7 +194,7 @@ def train_flow(recipe: str, dim: int | None = None, seed: int = 0) -> tuple[Weig
     return WeightFlow.from_state(out["state"]), info
 
 
-@cached("flows/mnist/samples", version=1)
+@cached("flows/mnist/samples", version=2)
 def _sample(recipe: str, fields: dict, dim: int, widths: tuple[int, ...], n: int, guided: str | None,
             sampler: dict, seed: int) -> dict:
     b = budget()
