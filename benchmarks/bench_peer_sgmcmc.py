@@ -44,7 +44,7 @@ def conjugate(n: int = 200, d: int = 4, noise: float = 0.5, prior: float = 1.0, 
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n, d, generator=gen, dtype=DT)
     y = x @ torch.randn(d, 1, generator=gen, dtype=DT) + 0.3 + noise * torch.randn(n, 1, generator=gen, dtype=DT)
-    lp = LogPosterior(MLPSpec((d, 1)), x, y, prior, "gaussian", noise_std=noise)
+    lp = LogPosterior(MLPSpec((d, 1)), x, y, prior, "regression", noise_std=noise)
     design = torch.cat([x, torch.ones(n, 1, dtype=DT)], 1)            # the spec's layout: weights, then bias
     A = design.T @ design / noise ** 2 + torch.eye(d + 1, dtype=DT) / prior ** 2
     mean = torch.linalg.solve(A, design.T @ y[:, 0] / noise ** 2)
