@@ -146,6 +146,8 @@ def _run(t: Task, method: str, n: int, seed: int) -> dict:
             f_grid = la.glm_function_samples(t.grid().to(ds.x_test), n, gen)[0]
         out["prior_precision"] = float(la.prior_precision[0])
         out["kind"] = la.kind
+        # directions the data constrain more than the prior does (GGN eigenvalue above the prior precision)
+        out["constrained_directions"] = int((la.eigvals[0] > la.prior_precision[0]).sum())
     elif method == "hmc":
         C = cfg["chains"]
         S = math.ceil(n / C)
@@ -199,7 +201,7 @@ def _run(t: Task, method: str, n: int, seed: int) -> dict:
     return out
 
 
-@cached("posterior/run", version=3)   # 3: sgd_trajectory rows draw-major, like every other method
+@cached("posterior/run", version=4)   # 3: sgd_trajectory rows draw-major, like every other method
 def posterior_run(task: str, method: str, n: int, seed: int = 0) -> dict:
     """Run ``method`` on ``task`` and keep ``n`` posterior samples (cached).
 

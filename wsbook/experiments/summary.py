@@ -1,0 +1,62 @@
+"""The headline numbers of the results chapter, gathered for the discussion (chapter 9).
+
+Every number comes from the same cached calls as chapter 8 (:mod:`wsbook.experiments.flows`,
+:mod:`wsbook.experiments.mnist_flows`) with the same sizes, so after chapter 8 has run nothing is
+trained again; on a cold cache the discussion computes what it quotes.
+"""
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from wsbook import config, data
+from wsbook.bayes import distances
+from wsbook.experiments import flows
+from wsbook.experiments import mnist_flows as mf
+
+#: the rows the discussion compares on each task: the target, the plain baseline and the book's GNN flows
+BREAST_CANCER_ROWS = ("plain baseline", "euclidean_aligned_ot", "geometric_aligned_ot")
+MNIST_ROWS = ("plain_baseline", "euclidean_aligned_ot", "geometric_aligned_ot")
+
+
+def breast_cancer_sizes() -> tuple[int, int]:
+    """``(generated networks, midpoint steps)`` per flow: the sizes of chapter 8's breast-cancer table."""
+    return config.by_scale(ci=64, default=128, full=512), config.by_scale(ci=4, default=16, full=64)
+
+
+def headline() -> pd.DataFrame:
+    """One row per (task, set of networks): accuracy (mean over networks), its gap to the target's, NLL,
+    BMA-64 accuracy and the function-space MMD to held-out runs in units of the noise floor (MMD ratio).
+
+    See chapter 9, "What the numbers say".
+    """
+    rows = []
+    n_gen, solver_steps = breast_cancer_sizes()
+    refs = flows.references(flows.zoo_split("breast_cancer"))
+    target = flows.target_rows(refs, n_gen)["target"]
+    sets = {"target": target}
+    for name in BREAST_CANCER_ROWS:
+        cfg = flows.baseline_config() if name == "plain baseline" else flows.flow_config(*name.split("_", 1))
+        theta, _ = flows.sample_flow("breast_cancer", cfg, n_gen, steps=solver_steps)
+        sets[name] = flows.score(theta, refs)
+    for name, s in sets.items():
+        rows.append(dict(task="breast cancer", networks=name, accuracy=s["accuracy"],
+                         gap=s["accuracy"] - target["accuracy"], nll=s["nll"], bma_accuracy=s["bma_accuracy"],
+                         mmd_ratio=s["mmd_ratio"]))
+    b = mf.budget()
+    parts = mf.split()
+    spec, ds = parts["train"].spec, data.load(mf.ZOO)
+    held, other = (mf.probs_of(spec, parts[k].theta, ds) for k in ("held", "other"))
+    bandwidth = distances.median_bandwidth(held, other, generator=torch.Generator().manual_seed(0))
+    pick = torch.randperm(len(parts["train"]), generator=config.generator())[:b.n_samples]
+    mn = {"target": mf.score(mf.probs_of(spec, parts["train"].theta[pick], ds), ds.y_test, held, other, bandwidth)}
+    for recipe in MNIST_ROWS:
+        if recipe == "plain_baseline" or recipe in b.recipes:
+            theta, _ = mf.sample_flow(recipe)
+            mn[recipe.replace("plain_baseline", "plain baseline")] = mf.score(
+                mf.probs_of(spec, theta, ds), ds.y_test, held, other, bandwidth)
+    for name, s in mn.items():
+        rows.append(dict(task="MNIST 784-10-10", networks=name, accuracy=s["accuracy"],
+                         gap=s["accuracy"] - mn["target"]["accuracy"], nll=s["nll"],
+                         bma_accuracy=s["bma64_accuracy"], mmd_ratio=s["mmd_ratio"]))
+    return pd.DataFrame(rows).set_index(["task", "networks"])
