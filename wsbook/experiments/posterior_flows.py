@@ -284,9 +284,9 @@ def _other_task_networks(task: str, n: int, steps: int, seed: int) -> Tensor:
 
 def detection_sets(task: str = "breast_cancer", n: int | None = None, seed: int = 0) -> dict[str, Tensor]:
     """Networks ``{name: [n, D]}`` to score with a flow trained on HMC run 0: ``n`` of its training draws, the
-    positives, ``n`` draws of the independent HMC run 1 (``"held-out HMC draws"``), and the negatives: MAP networks of another task
-    (the same data with permuted input features), random initialisations (Kaiming; and ``N(0, 0.1^2)`` as
-    the zoo's runs start), draws from the prior, held-out draws perturbed by Gaussian noise of 0.3 and 1 times
+    positives, ``n`` draws of the independent HMC run 1 (``"held-out HMC draws"``), and the negatives: MAP
+    networks of another task (the same data with permuted input features), random initialisations
+    (Kaiming; and ``N(0, 0.1^2)`` as the zoo's runs start), draws from the prior, held-out draws perturbed by Gaussian noise of 0.3 and 1 times
     the posterior's per-coordinate standard deviation (run 0), the thesis's Adam checkpoints (the zoo) and
     deep-ensemble members.
 
@@ -381,9 +381,11 @@ def detection_table(task: str = "breast_cancer", charts: tuple[str, ...] = CHART
         m = ll[typical if name == "log posterior" else OWN_SAMPLES].median()
         cols[f"median ({name})"] = {k: float(v.median()) for k, v in ll.items()}
         cols[f"AUROC ({name})"] = {k: auroc(ll[positive], v) for k, v in ll.items()}
-        cols[f"AUROC typicality ({name})"] = {k: auroc(-(ll[positive] - m).abs(), -(v - m).abs()) for k, v in ll.items()}
+        cols[f"AUROC typicality ({name})"] = {k: auroc(-(ll[positive] - m).abs(), -(v - m).abs())
+                                              for k, v in ll.items()}
     return pd.DataFrame(cols)
 
 
 __all__ = ["CHARTS", "FlowSettings", "flow_settings", "posterior_flow", "sample_flow", "methods_table",
-           "alignment_spread", "memorisation", "cost", "importance_sampling", "reweighted", "detection_sets", "detection_table", "auroc"]
+           "alignment_spread", "memorisation", "cost", "importance_sampling", "reweighted", "detection_sets",
+           "detection_table", "auroc", "OWN_SAMPLES"]
