@@ -155,6 +155,16 @@ def alignment_spread(task: str = "breast_cancer") -> dict:
     return out
 
 
+def prior_draws(task: str, n: int, generator: torch.Generator | None = None) -> Tensor:
+    """``n`` networks from the task's prior ``N(0, prior_std^2)``: the baseline of a sampler that learned
+    nothing about the data."""
+    from wsbook.bayes.model import GaussianPrior
+    from wsbook.experiments.tasks import get_task
+
+    t = get_task(task)
+    return GaussianPrior(t.prior_std).sample(t.spec, n, generator=generator, device="cpu").float()
+
+
 # ------------------------------------------------------------------------------------ the table
 def methods_table(task: str, n: int, flows: dict[str, tuple[Tensor, float]], seed: int = 0):
     """Every posterior method and the ``flows`` (``{name: (networks [n, D], seconds)}``) against the HMC
@@ -321,7 +331,19 @@ def detection_sets(task: str = "breast_cancer", n: int | None = None, seed: int 
 OWN_SAMPLES = "the flow's own samples"
 
 
-@cached("flows/detection", version=2)
+def _off_chart(spec, theta: Tensor, atol: float = 1e-6) -> Tensor:
+    """``[n]`` bool: networks with a hidden neuron whose incoming weights and bias are all (near) zero. Such a
+    neuron has no direction, so the network has no point on the Geometric chart's product of spheres."""
+    dead = torch.zeros(theta.shape[0], dtype=torch.bool)
+    for layer in range(spec.n_layers - 1):
+        w, b = spec.slices(layer)
+        rows = theta[:, w].reshape(theta.shape[0], spec.widths[layer + 1], spec.widths[layer])
+        norms = torch.cat([rows, theta[:, b].unsqueeze(-1)], -1).norm(dim=-1)
+        dead |= (norms < atol).any(1).cpu()
+    return dead
+
+
+@cached("flows/detection", version=3)
 def _log_likelihoods(task: str, chart: str, settings: FlowSettings, sets: dict, seed: int) -> dict:
     flow, _ = posterior_flow(task, chart, seed=0)
     gen = torch.Generator().manual_seed(5_000 + seed)
@@ -330,8 +352,12 @@ def _log_likelihoods(task: str, chart: str, settings: FlowSettings, sets: dict, 
     scored = {**sets, OWN_SAMPLES: own}
     names = list(scored)
     theta = torch.cat([scored[k] for k in names])
-    lq = flow.log_prob(theta, steps=settings.lik_steps, method="rk4", estimator="hutchinson",
-                       n_probes=settings.n_probes, generator=gen)
+    # the Geometric flow's density lives on the product of spheres: a network with a dead neuron is off it
+    # (density zero, log q = -inf); the Euclidean flow's density covers every network
+    off = _off_chart(flow.spec, theta) if chart == "geometric" else torch.zeros(theta.shape[0], dtype=torch.bool)
+    lq = torch.full((theta.shape[0],), -math.inf)
+    lq[~off] = flow.log_prob(theta[~off], steps=settings.lik_steps, method="rk4", estimator="hutchinson",
+                             n_probes=settings.n_probes, generator=gen).cpu()
     return dict(zip(names, lq.split([scored[k].shape[0] for k in names])))
 
 
@@ -387,5 +413,5 @@ def detection_table(task: str = "breast_cancer", charts: tuple[str, ...] = CHART
 
 
 __all__ = ["CHARTS", "FlowSettings", "flow_settings", "posterior_flow", "sample_flow", "methods_table",
-           "alignment_spread", "memorisation", "cost", "importance_sampling", "reweighted", "detection_sets",
+           "alignment_spread", "prior_draws", "memorisation", "cost", "importance_sampling", "reweighted", "detection_sets",
            "detection_table", "auroc", "OWN_SAMPLES"]
