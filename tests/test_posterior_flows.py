@@ -1,0 +1,42 @@
+"""Tests of the posterior-flow experiments (chapter 8, flows as posterior samplers) that need no HMC run."""
+import math
+
+import pytest
+import torch
+
+from wsbook.experiments import posterior_flows as pf
+from wsbook.nets import MLPSpec
+from wsbook.weightflow import EuclideanChart, FlatField, WeightFlow
+
+
+def test_auroc_orders_and_ties():
+    pos = torch.tensor([3.0, 4.0, 5.0])
+    assert pf.auroc(pos, torch.tensor([0.0, 1.0, 2.0])) == 1.0
+    assert pf.auroc(pos, torch.tensor([6.0, 7.0])) == 0.0
+    assert pf.auroc(pos, pos.clone()) == 0.5
+    # a NaN score counts as the lowest score, not as an error
+    assert pf.auroc(pos, torch.tensor([math.nan])) == 1.0
+
+
+def test_bad_arguments_are_rejected_before_work():
+    with pytest.raises(ValueError, match="chart must be one of"):
+        pf.posterior_flow("breast_cancer", "normalized")
+    with pytest.raises(ValueError, match="not among"):
+        pf.detection_table(sets={"a": torch.zeros(2, 3)}, positive="held-out HMC draws")
+    with pytest.raises(ValueError, match="at least 2"):
+        pf.importance_sampling(n=1)
+
+
+def test_flow_settings_choose_a_known_field():
+    st = pf.flow_settings()
+    assert st.field in ("flat", "gnn") and st.steps > 0 and st.n_probes >= 1
+    spec = MLPSpec((3, 4, 2))
+    assert isinstance(pf._field(spec, st), torch.nn.Module)
+
+
+def test_sample_flow_returns_networks_points_and_time():
+    spec = MLPSpec((3, 4, 2))
+    flow = WeightFlow(EuclideanChart(spec, sigma=1.0), FlatField(spec, hidden=16, depth=2))
+    theta, points, seconds = pf.sample_flow(flow, 5, torch.Generator().manual_seed(0), steps=4)
+    assert theta.shape == points.shape == (5, spec.n_params) and seconds >= 0
+    assert torch.allclose(theta, points)          # the Euclidean chart without reference is the identity
