@@ -95,7 +95,7 @@ def _field(spec, st: FlowSettings):
     raise ValueError(f"field must be 'flat' or 'gnn'; got {st.field!r}")
 
 
-@cached("flows/posterior", version=1)
+@cached("flows/posterior", version=2)   # 2: EMA with warm-up
 def _train(task: str, chart: str, settings: FlowSettings, seed: int) -> dict:
     ref = targets.hmc_reference(task, seed=0)
     train = ref.theta
@@ -219,7 +219,7 @@ def cost(flow_seconds: float, sample_seconds: float, n: int, task: str = "breast
 
 
 # ----------------------------------------------------------------------------- importance weights
-@cached("flows/posterior_is", version=1)
+@cached("flows/posterior_is", version=2)
 def _importance(task: str, settings: FlowSettings, n: int, seed: int) -> dict:
     from wsbook.experiments.tasks import get_task
 
@@ -343,7 +343,7 @@ def _off_chart(spec, theta: Tensor, atol: float = 1e-6) -> Tensor:
     return dead
 
 
-@cached("flows/detection", version=3)
+@cached("flows/detection", version=4)
 def _log_likelihoods(task: str, chart: str, settings: FlowSettings, sets: dict, seed: int) -> dict:
     flow, _ = posterior_flow(task, chart, seed=0)
     gen = torch.Generator().manual_seed(5_000 + seed)
