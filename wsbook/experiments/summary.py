@@ -60,3 +60,20 @@ def headline() -> pd.DataFrame:
                          gap=s["accuracy"] - mn["target"]["accuracy"], nll=s["nll"],
                          bma_accuracy=s["bma64_accuracy"], mmd_ratio=s["mmd_ratio"]))
     return pd.DataFrame(rows).set_index(["task", "networks"])
+
+
+def posterior_headline(task: str = "breast_cancer") -> pd.DataFrame:
+    """Total variation and MMD^2 to the unseen HMC run of the flows trained on HMC draws (chapter 8c),
+    beside HMC's own floor, mean-field VI and Laplace, with the model average's accuracy.
+
+    See chapter 9, "What the numbers say".
+    """
+    from wsbook.experiments import posterior_flows as pf
+
+    n = config.by_scale(ci=32, default=128, full=512)          # networks per method, as on chapter 8c
+    gen = config.generator()
+    rows = {f"{chart} flow": (pf.sample_flow(pf.posterior_flow(task, chart)[0], n, gen)[0],
+                              pf.posterior_flow(task, chart)[1]) for chart in pf.CHARTS}
+    table = pf.methods_table(task, n, rows)
+    keep = ["hmc", "vi", "laplace", *rows]
+    return table.loc[keep, ["tv_run1", "mmd2_run1", "accuracy"]]
