@@ -9,6 +9,7 @@ A corrupt or mismatched entry is recomputed with a warning. The directory is ``W
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -19,15 +20,33 @@ import re
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
-from wsbook import config
+from wsbook import config, distributed
 
 _ALLOWED = (torch.Tensor, int, float, str, bool, type(None))
 _NAME = re.compile(r"[a-z0-9_]+(/[a-z0-9_]+)*")
 _REGISTRY: dict[str, str] = {}   # artifact name -> qualified name of the function that owns it
+_PROBING = False                 # inside probe(): a missing entry raises MissingEntry instead of computing
+
+
+class MissingEntry(LookupError):
+    """Raised inside :func:`probe` by a cached function whose entry is not in the cache."""
+
+
+@contextlib.contextmanager
+def probe() -> Iterator[None]:
+    """Within this block cached functions never compute: a present entry is read (memory-mapped, so a
+    large one costs nothing until used) and a missing one raises :class:`MissingEntry`. Running an
+    artifact's code inside it tells whether everything it needs is cached (``python -m wsbook --list``)."""
+    global _PROBING
+    before, _PROBING = _PROBING, True
+    try:
+        yield
+    finally:
+        _PROBING = before
 
 
 def cache_dir() -> Path:
@@ -102,13 +121,14 @@ def _path(key: str, name: str) -> Path:
     return cache_dir() / f"{name.replace('.', '_')}-{key}.pt"
 
 
-def load_entry(key: str, name: str, description: dict[str, Any]) -> tuple[bool, Any]:
-    """``(True, value)`` for a valid entry; ``(False, None)`` when missing, corrupt or mismatched (warned)."""
+def load_entry(key: str, name: str, description: dict[str, Any], mmap: bool = False) -> tuple[bool, Any]:
+    """``(True, value)`` for a valid entry; ``(False, None)`` when missing, corrupt or mismatched (warned).
+    ``mmap`` maps the tensors' storage instead of reading it."""
     path = _path(key, name)
     if not path.exists():
         return False, None
     try:
-        stored = torch.load(path, map_location="cpu", weights_only=True)
+        stored = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
         if not isinstance(stored, dict) or stored.get("description") != json.loads(json.dumps(description)):
             raise ValueError("stored description does not match the requested key")
         return True, stored["value"]
@@ -187,7 +207,9 @@ def cached(name: str, version: int | str = 1) -> Callable[[Callable[..., Any]], 
             artifacts; two functions cannot claim the same name.
         version: bump it when the function's meaning changes (old entries are then ignored).
 
-    Results come back on the configured device. The wrapper has ``cache_path(*args, **kwargs)`` (the
+    Under ``torchrun`` (:mod:`wsbook.distributed`) every rank runs the function (which splits its work
+    over the ranks where it can), all ranks load only when every one of them finds the entry, and rank 0
+    alone writes it. Results come back on the configured device. The wrapper has ``cache_path(*args, **kwargs)`` (the
     entry's file) and ``cache_name``.
     """
     if not isinstance(name, str) or not _NAME.fullmatch(name):
@@ -209,13 +231,19 @@ def cached(name: str, version: int | str = 1) -> Callable[[Callable[..., Any]], 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             key, description = key_of(args, kwargs)
+            if _PROBING:
+                hit, value = load_entry(key, name, description, mmap=True)
+                if not hit:
+                    raise MissingEntry(f"{name}: {_path(key, name).name}")
+                return value
             if enabled():
                 hit, value = load_entry(key, name, description)
-                if hit:
+                if distributed.all_agree(hit):      # under torchrun: all ranks load, or all compute
                     return _to_device(value, config.device())
             value = fn(*args, **kwargs)
-            if enabled():
+            if enabled() and distributed.is_main():
                 save_entry(key, name, description, _to_device(value, torch.device("cpu")))
+            distributed.barrier()
             return value
 
         def cache_path(*args: Any, **kwargs: Any) -> Path:

@@ -148,11 +148,14 @@ class Minibatches:
         device: where the returned indices live (the shuffle itself is drawn on the CPU).
         drop_last: drop the incomplete last batch of an epoch (every batch then has ``batch_size`` items);
             with ``False`` the last batch of an epoch is smaller.
+        rows: keep only these members' shuffles (a slice of ``range(members)``) while drawing all
+            ``members`` of them, so a block of a population split over processes sees exactly the
+            minibatches it would see in the whole population (:mod:`wsbook.distributed`).
     """
 
     def __init__(self, n: int, batch_size: int | None, *, members: int | None = None,
                  generator: torch.Generator | None = None, device: torch.device | str | None = None,
-                 drop_last: bool = True):
+                 drop_last: bool = True, rows: slice | None = None):
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive number of items; got {n!r}")
         if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool)
@@ -160,7 +163,9 @@ class Minibatches:
             raise ValueError(f"batch_size must be a positive int or None (full batch); got {batch_size!r}")
         if members is not None and (not isinstance(members, int) or members < 1):
             raise ValueError(f"members must be a positive int or None (one shared batch); got {members!r}")
-        self.n, self.batch_size, self.members = n, batch_size, members
+        if rows is not None and members is None:
+            raise ValueError("rows selects members' shuffles; it needs members")
+        self.n, self.batch_size, self.members, self.rows = n, batch_size, members, rows
         self.generator, self.device, self.drop_last = generator, device, drop_last
         self.full = batch_size is None or batch_size >= n
         if self.full:
@@ -182,6 +187,8 @@ class Minibatches:
         if k == 0 or self._order is None:
             rows = self.members or 1
             order = torch.rand(rows, self.n, generator=self.generator).argsort(1)
+            if self.rows is not None:
+                order = order[self.rows]
             self._order = order.to(self.device) if self.device is not None else order
         idx = self._order[:, k * self.batch_size:(k + 1) * self.batch_size]
         return idx if self.members is not None else idx[0]

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from wsbook import config
+from wsbook import config, distributed
 from wsbook.loop import Minibatches, descend, make_optimizer
 
 ACTIVATIONS = ("relu", "tanh", "sine", "gelu")
@@ -619,6 +619,7 @@ def train_population(
     progress: bool | None = None,
     desc: str = "training",
     chunk_size: int | str | None = "auto",
+    shard: bool | None = None,
 ) -> TrainResult:
     """Train all ``B`` networks of ``theta`` at once: one optimizer over one ``[B, D]`` leaf.
 
@@ -647,6 +648,10 @@ def train_population(
         desc: name of the run in the progress bar and in errors.
         chunk_size: points per gradient-accumulation chunk; ``"auto"`` sizes chunks so one hidden
             activation holds about 4M numbers; ``None`` never chunks.
+        shard: under ``torchrun`` (:mod:`wsbook.distributed`), split the members over the processes and
+            gather them back: every process draws the whole population's minibatch orders and trains its
+            own block, so the result equals the single-process run bit for bit (on CPUs). ``None``: shard
+            whenever a process group is running and there are at least as many members as processes.
 
     Raises:
         ValueError: for a non-positive ``steps``, ``batch_size`` or ``checkpoint_every``, or mismatched data.
@@ -660,15 +665,17 @@ def train_population(
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"x has {x.shape[0]} examples but y has {y.shape[0]}")
     B, N = theta0.shape[0], x.shape[0]
+    split = distributed.active() and shard is not False and B >= distributed.world_size()
+    rows = distributed.shard(B) if split else slice(0, B)
     config.tune_allocator()   # keep activation buffers between steps (a process-wide glibc setting)
-    param = theta0.detach().clone().requires_grad_(True)
+    param = theta0[rows].detach().clone().requires_grad_(True)
     opt = make_optimizer([param], optimizer, lr=lr, weight_decay=weight_decay, momentum=momentum)
     checkpoints, checkpoint_steps = [], []
     batches = Minibatches(N, batch_size, members=None if shared_batches else B, generator=generator,
-                          device=x.device)
+                          device=x.device, rows=None if shared_batches else rows)
     if task == "regression":
         y = y.reshape(N, -1)
-    if chunk_size == "auto":
+    if chunk_size == "auto":          # from the whole population: a block accumulates exactly as it would
         chunk_size = max(64, 2**22 // (B * max(spec.widths[1:])))
 
     def step_fn(step: int) -> Tensor:
@@ -682,9 +689,10 @@ def train_population(
             checkpoint_steps.append(step + 1)
 
     run = descend(step_fn, opt, steps, backward=False, on_step=keep, progress=progress, desc=desc)
+    gather = distributed.all_gather_rows if split else (lambda t, dim=0: t)
     return TrainResult(
-        theta=param.detach(),
-        loss_history=run.losses,
-        checkpoints=torch.stack(checkpoints) if checkpoints else None,
+        theta=gather(param.detach()),
+        loss_history=gather(run.losses, 1),
+        checkpoints=gather(torch.stack(checkpoints), 1) if checkpoints else None,
         checkpoint_steps=checkpoint_steps,
     )

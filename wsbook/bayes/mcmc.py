@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from wsbook import config
+from wsbook import config, distributed
 from wsbook.bayes.samples import SampleResult
 from wsbook.loop import Minibatches
 
@@ -70,7 +70,8 @@ class DualAveraging:
 def hmc(log_posterior: LogDensity, theta0: Tensor, *, n_samples: int, n_warmup: int = 100, n_leapfrog: int = 20,
         step_size: float = 1e-3, target_accept: float = 0.8, thin: int = 1, jitter: float = 0.2,
         max_energy_error: float = 1000.0, dtype: torch.dtype = torch.float64,
-        compute_dtype: torch.dtype | None = None, generator: torch.Generator | None = None, progress: bool | None = None) -> SampleResult:
+        compute_dtype: torch.dtype | None = None, generator: torch.Generator | None = None, progress: bool | None = None,
+        shard: bool | None = None) -> SampleResult:
     """Hamiltonian Monte Carlo for ``C`` chains at once (Neal, 2011), identity mass matrix.
 
     Each iteration draws momenta, runs ``n_leapfrog`` leapfrog steps (the step size jittered by ``+-jitter``
@@ -94,6 +95,10 @@ def hmc(log_posterior: LogDensity, theta0: Tensor, *, n_samples: int, n_warmup: 
         dtype: precision of positions, momenta and energies; compute_dtype: precision of the network.
         generator: random stream of momenta, jitter and acceptance (``None``: torch's global generator).
         progress: show a progress bar.
+        shard: under ``torchrun`` (:mod:`wsbook.distributed`), split the chains over the processes: every
+            process draws all chains' random numbers and advances its own block, and the blocks are gathered,
+            so the result equals the single-process run (bit for bit on CPUs). ``None``: whenever a process
+            group is running and there are at least as many chains as processes.
     """
     if theta0.dim() != 2:
         raise ValueError(f"theta0 must be [C, D] (one row per chain); got {tuple(theta0.shape)}")
@@ -103,7 +108,10 @@ def hmc(log_posterior: LogDensity, theta0: Tensor, *, n_samples: int, n_warmup: 
     if step_size <= 0:
         raise ValueError(f"step_size must be positive; got {step_size}")
     gen = generator
-    theta = theta0.detach().to(dtype).clone()
+    C_all = theta0.shape[0]
+    split = distributed.active() and shard is not False and C_all >= distributed.world_size()
+    rows = distributed.shard(C_all) if split else slice(0, C_all)   # this process's chains
+    theta = theta0[rows].detach().to(dtype).clone()
     C, D = theta.shape
     dev = theta.device
     eps = torch.full((C,), float(step_size), dtype=dtype, device=dev)
@@ -129,9 +137,9 @@ def hmc(log_posterior: LogDensity, theta0: Tensor, *, n_samples: int, n_warmup: 
     show = config.progress_enabled() if progress is None else progress
     start = time.perf_counter()
     for it in trange(total, desc="HMC", disable=not show, leave=False):
-        u = torch.rand(C, generator=gen, dtype=dtype).to(dev)
+        u = torch.rand(C_all, generator=gen, dtype=dtype)[rows].to(dev)     # all chains' draws, own block kept
         h = eps * (1 + jitter * (2 * u - 1))
-        p = torch.randn(C, D, generator=gen, dtype=dtype).to(dev)
+        p = torch.randn(C_all, D, generator=gen, dtype=dtype)[rows].to(dev)
         h0 = -lp + 0.5 * (p * p).sum(1)
         q, g = theta, grad
         p = p + 0.5 * h[:, None] * g
@@ -146,7 +154,7 @@ def hmc(log_posterior: LogDensity, theta0: Tensor, *, n_samples: int, n_warmup: 
         finite = torch.isfinite(delta) & torch.isfinite(q).all(1) & torch.isfinite(g).all(1)
         diverged = ~finite | (-delta > max_energy_error)
         accept_prob = torch.where(diverged, torch.zeros_like(delta), torch.exp(torch.clamp(delta, max=0.0)))
-        accept = (torch.rand(C, generator=gen, dtype=dtype).to(dev) < accept_prob) & ~diverged
+        accept = (torch.rand(C_all, generator=gen, dtype=dtype)[rows].to(dev) < accept_prob) & ~diverged
         theta = torch.where(accept[:, None], q, theta)
         lp = torch.where(accept, lp_new, lp)
         grad = torch.where(accept[:, None], g, grad)
@@ -163,12 +171,17 @@ def hmc(log_posterior: LogDensity, theta0: Tensor, *, n_samples: int, n_warmup: 
                 logps.append(lp.clone())
     seconds = time.perf_counter() - start
     n_kept_iters = total - n_warmup
+    draws, draw_logps = torch.stack(samples), torch.stack(logps)
+    if split:                                                   # every process's block of chains, in order
+        gather = distributed.all_gather_rows
+        draws, draw_logps = gather(draws, 1), gather(draw_logps, 1)
+        accepted, eps, divergent, divergent_warmup = (gather(v) for v in (accepted, eps, divergent, divergent_warmup))
     n_div = divergent.cpu()
     n_after = int((divergent - divergent_warmup).sum())
     if n_after > 0:
         warnings.warn(f"HMC: {n_after} divergent transitions after warm-up (rejected); "
                       "consider a smaller step size or a higher target_accept", RuntimeWarning, stacklevel=2)
-    return SampleResult.from_draws(torch.stack(samples), torch.stack(logps),
+    return SampleResult.from_draws(draws, draw_logps,
                                    accept_rate=(accepted / n_kept_iters).cpu(), step_size=eps.cpu(), n_divergent=n_div,
                                    seconds=seconds, info={"n_leapfrog": n_leapfrog, "n_warmup": n_warmup, "thin": thin,
                                                           "n_divergent_after_warmup": n_after})
