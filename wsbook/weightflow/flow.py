@@ -106,6 +106,7 @@ class WeightFlow:
         self.path = LinearPath(path_sigma) if self.euclidean else GeodesicPath(m, eps=1.0 - T_MAX)
         #: one scale per linear layer (weights and bias): the field reads x / scale and writes scale * output
         self.layer_scale = torch.ones(chart.spec.n_layers)
+        self._autocast = False      # bfloat16 autocast of the field, on only inside fit (see fit's autocast)
 
     def __repr__(self) -> str:
         return (f"WeightFlow({self.chart!r}, {type(self.field).__name__}, {self.parametrization}, "
@@ -129,6 +130,10 @@ class WeightFlow:
         """The field's output at ``points`` in the flat weight layout (rescaled per layer)."""
         model = self.ema if model is None else model
         s = self._scale(points)
+        if self._autocast:          # bfloat16 for the field only (set by fit on CUDA); the rest stays float32
+            with torch.autocast(points.device.type, dtype=torch.bfloat16):
+                out = model(t, self.chart.layout(points) / s)
+            return out.to(points.dtype) * s
         return model(t, self.chart.layout(points) / s) * s
 
     def predict_endpoint(self, t: Tensor | float, points: Tensor, model: nn.Module | None = None) -> Tensor:
@@ -161,13 +166,17 @@ class WeightFlow:
             self.layer_scale[layer] = part.pow(2).mean().sqrt().clamp_min(1e-3).item()
 
     def loss(self, x0: Tensor, x1: Tensor, t: Tensor, model: nn.Module | None = None,
-             generator: torch.Generator | None = None) -> Tensor:
+             generator: torch.Generator | None = None, rows: slice | None = None) -> Tensor:
         """The conditional flow-matching loss on paired points (mean squared error per coordinate, in the
         chart's metric). Endpoint mode regresses ``log_{x_t}(x1_hat)`` onto ``(1 - t) u_t``: the velocity loss
-        weighted by ``(1 - t)^2`` (on a straight path exactly ``|x1_hat - x1|^2``)."""
+        weighted by ``(1 - t)^2`` (on a straight path exactly ``|x1_hat - x1|^2``). With ``rows`` the path
+        points are drawn for the whole batch and the loss is that of those rows only (one process's block
+        of a batch shared by several)."""
         model = self.field if model is None else model
         t = t.clamp(max=T_MAX)
         xt, ut = self.path.sample(x0, x1, t, generator=generator)
+        if rows is not None:
+            xt, ut, t = xt[rows], ut[rows], t[rows]
         if self.parametrization == "velocity":
             err = self.chart.to_tangent(xt, self.raw(t, xt, model)) - ut
         else:
@@ -185,7 +194,7 @@ class WeightFlow:
 
     def fit(self, networks: Tensor, *, steps: int, batch_size: int = 256, lr: float = 1e-3, ema_decay: float = 0.999,
             weight_decay: float = 0.0, generator: torch.Generator | None = None, progress: bool | None = None,
-            desc: str = "weight flow") -> FitResult:
+            desc: str = "weight flow", autocast: bool | None = None, ddp: bool | None = None) -> FitResult:
         """Train the field on a population ``networks [N, D]`` (mapped to the chart once).
 
         Args:
@@ -198,7 +207,16 @@ class WeightFlow:
             weight_decay: AdamW weight decay.
             generator: all randomness of the run (``None``: torch's global generator).
             progress: tqdm bar (default: :func:`wsbook.config.progress_enabled`, off under ``WSBOOK_PROGRESS=0``).
+            desc: name of the run in the progress bar and in errors.
+            autocast: evaluate the field under bfloat16 autocast (default: on for CUDA, off on the CPU);
+                the paths, the loss and the optimizer stay in float32.
+            ddp: under ``torchrun`` (:mod:`wsbook.distributed`), train with DistributedDataParallel over
+                the global batch: every process draws the same batch, source points, pairs and times, runs
+                the field on its own block of the batch, and the gradients are averaged, so the step is
+                the single-process step on ``batch_size`` networks. ``None``: whenever a process group runs.
         """
+        from wsbook import distributed
+
         with torch.no_grad():
             points = self.chart.to_points(networks)
         self.set_scale(points)
@@ -207,6 +225,18 @@ class WeightFlow:
         batches = Minibatches(points.shape[0], batch_size, generator=generator, device=device)
         ema = EMA(self.field, ema_decay)
         self.ema = ema.module
+        world = distributed.world_size()
+        use_ddp = distributed.active() if ddp is None else bool(ddp)
+        if use_ddp and not distributed.active():
+            raise RuntimeError("WeightFlow.fit: ddp=True needs a process group (launch with torchrun)")
+        if use_ddp and min(batch_size, points.shape[0]) < world:
+            raise ValueError(f"WeightFlow.fit: a batch of {min(batch_size, points.shape[0])} networks cannot be "
+                             f"split over {world} processes")
+        model: nn.Module = self.field
+        if use_ddp:
+            from torch.nn.parallel import DistributedDataParallel
+
+            model = DistributedDataParallel(self.field, device_ids=[device] if device.type == "cuda" else None)
 
         def step_loss(step: int) -> Tensor:
             idx = batches(step)
@@ -214,12 +244,24 @@ class WeightFlow:
             x0 = self.chart.sample_source(x1.shape[0], generator).to(device)
             x0, x1 = self.pair(x0, x1)
             t = sample_times(x1.shape[0], self.time_distribution, generator).to(device)
-            return self.loss(x0, x1, t, self.field, generator)
+            if not use_ddp:
+                return self.loss(x0, x1, t, model, generator)
+            rows = distributed.shard(x1.shape[0])
+            # DDP averages gradients over processes: weight each block's mean by its share of the batch
+            share = world * (rows.stop - rows.start) / x1.shape[0]
+            return self.loss(x0, x1, t, model, generator, rows=rows) * share
 
         opt = make_optimizer(self.field.parameters(), "adamw", lr=lr, weight_decay=weight_decay)
-        run = descend(step_loss, opt, steps, schedule="cosine", min_lr=0.05 * lr, ema=ema, progress=progress,
-                      desc=desc)
-        return FitResult(losses=run.losses.detach().cpu(), seconds=run.seconds)
+        self._autocast = device.type == "cuda" if autocast is None else bool(autocast)
+        try:
+            run = descend(step_loss, opt, steps, schedule="cosine", min_lr=0.05 * lr, ema=ema, progress=progress,
+                          desc=desc)
+        finally:
+            self._autocast = False
+        losses = run.losses.detach()
+        if use_ddp:                     # the whole batch's loss per step: the blocks' weighted means, summed
+            losses = distributed.all_sum(losses) / world
+        return FitResult(losses=losses.cpu(), seconds=run.seconds)
 
     # ------------------------------------------------------------------------------------ sampling
     def integrate(self, x0: Tensor, *, steps: int = 100, method: str = "euler", guidance: Guidance | None = None,
