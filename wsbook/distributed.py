@@ -7,8 +7,9 @@ launches processes. Every rank then runs the same code, and the library splits t
 
 * populations (:func:`wsbook.nets.train_population`) and HMC chains (:func:`wsbook.bayes.mcmc.hmc`): every
   rank draws the *whole* population's random numbers from the same generator, keeps its own contiguous
-  block of members (:func:`shard`) and the blocks are gathered back (:func:`all_gather_rows`), so the
-  result equals a single-process run with the same seeds;
+  block of members (:func:`shard`, in whole groups of :data:`GRANULE`) and the blocks are gathered back
+  (:func:`all_gather_rows`), so the result equals a single-process run with the same seeds, bit for bit
+  on CPUs (on GPUs to rounding: cuBLAS may pick other kernels for other batch sizes);
 * flow training (:meth:`wsbook.weightflow.WeightFlow.fit`): DistributedDataParallel over the global batch;
 * the cache (:mod:`wsbook.cache`): all ranks agree on hit or miss, rank 0 writes.
 
@@ -74,16 +75,34 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def shard_sizes(n: int, world: int | None = None) -> list[int]:
-    """Sizes of the contiguous blocks ``n`` items are split into, one per rank (the first ``n % world``
-    ranks get one more)."""
+#: Blocks of a population start at multiples of this many members. A CPU's batched matrix products
+#: handle members in small groups (2 or 4 in practice, depending on the layer widths), and a member's
+#: gradient is bit-identical in a block and in the whole population only when the groups line up.
+GRANULE = 8
+
+
+def shard_sizes(n: int, world: int | None = None, granule: int = GRANULE) -> list[int]:
+    """Sizes of the contiguous blocks ``n`` items are split into, one per rank: whole groups of ``granule``
+    items (the last may be partial), spread as evenly as possible; a rank may get none."""
     world = world_size() if world is None else world
-    return [n // world + (r < n % world) for r in range(world)]
+    groups = -(-n // granule)
+    per = [groups // world + (r < groups % world) for r in range(world)]
+    sizes, start = [], 0
+    for g in per:
+        stop = min(n, start + g * granule)
+        sizes.append(stop - start)
+        start = stop
+    return sizes
 
 
-def shard(n: int, rank_: int | None = None, world: int | None = None) -> slice:
+def splits(n: int, granule: int = GRANULE) -> bool:
+    """Whether ``n`` items are split over the ranks: a process group runs and every rank gets a block."""
+    return active() and min(shard_sizes(n, granule=granule)) > 0
+
+
+def shard(n: int, rank_: int | None = None, world: int | None = None, granule: int = GRANULE) -> slice:
     """This rank's contiguous block of ``range(n)`` (all of it outside a process group)."""
-    sizes = shard_sizes(n, world)
+    sizes = shard_sizes(n, world, granule)
     r = rank() if rank_ is None else rank_
     start = sum(sizes[:r])
     return slice(start, start + sizes[r])
@@ -136,5 +155,5 @@ def barrier() -> None:
         dist.barrier()
 
 
-__all__ = ["launched", "backend", "init", "close", "active", "rank", "world_size", "is_main", "shard_sizes",
-           "shard", "all_gather_rows", "all_sum", "all_agree", "barrier"]
+__all__ = ["GRANULE", "launched", "backend", "init", "close", "active", "rank", "world_size", "is_main",
+           "shard_sizes", "splits", "shard", "all_gather_rows", "all_sum", "all_agree", "barrier"]

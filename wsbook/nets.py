@@ -651,7 +651,7 @@ def train_population(
         shard: under ``torchrun`` (:mod:`wsbook.distributed`), split the members over the processes and
             gather them back: every process draws the whole population's minibatch orders and trains its
             own block, so the result equals the single-process run bit for bit (on CPUs). ``None``: shard
-            whenever a process group is running and there are at least as many members as processes.
+            whenever a process group is running and every process gets a block (:func:`wsbook.distributed.splits`).
 
     Raises:
         ValueError: for a non-positive ``steps``, ``batch_size`` or ``checkpoint_every``, or mismatched data.
@@ -665,7 +665,7 @@ def train_population(
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"x has {x.shape[0]} examples but y has {y.shape[0]}")
     B, N = theta0.shape[0], x.shape[0]
-    split = distributed.active() and shard is not False and B >= distributed.world_size()
+    split = shard is not False and distributed.splits(B)
     rows = distributed.shard(B) if split else slice(0, B)
     config.tune_allocator()   # keep activation buffers between steps (a process-wide glibc setting)
     param = theta0[rows].detach().clone().requires_grad_(True)

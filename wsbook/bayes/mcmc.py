@@ -98,7 +98,7 @@ def hmc(log_posterior: LogDensity, theta0: Tensor, *, n_samples: int, n_warmup: 
         shard: under ``torchrun`` (:mod:`wsbook.distributed`), split the chains over the processes: every
             process draws all chains' random numbers and advances its own block, and the blocks are gathered,
             so the result equals the single-process run (bit for bit on CPUs). ``None``: whenever a process
-            group is running and there are at least as many chains as processes.
+            group is running and every process gets a block (:func:`wsbook.distributed.splits`).
     """
     if theta0.dim() != 2:
         raise ValueError(f"theta0 must be [C, D] (one row per chain); got {tuple(theta0.shape)}")
@@ -109,7 +109,7 @@ def hmc(log_posterior: LogDensity, theta0: Tensor, *, n_samples: int, n_warmup: 
         raise ValueError(f"step_size must be positive; got {step_size}")
     gen = generator
     C_all = theta0.shape[0]
-    split = distributed.active() and shard is not False and C_all >= distributed.world_size()
+    split = shard is not False and distributed.splits(C_all)
     rows = distributed.shard(C_all) if split else slice(0, C_all)   # this process's chains
     theta = theta0[rows].detach().to(dtype).clone()
     C, D = theta.shape

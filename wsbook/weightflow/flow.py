@@ -236,7 +236,9 @@ class WeightFlow:
         if use_ddp:
             from torch.nn.parallel import DistributedDataParallel
 
-            model = DistributedDataParallel(self.field, device_ids=[device] if device.type == "cuda" else None)
+            # static graph: the same parameters are used every step (some fields never use a few of theirs)
+            model = DistributedDataParallel(self.field, device_ids=[device] if device.type == "cuda" else None,
+                                            static_graph=True)
 
         def step_loss(step: int) -> Tensor:
             idx = batches(step)
@@ -246,7 +248,7 @@ class WeightFlow:
             t = sample_times(x1.shape[0], self.time_distribution, generator).to(device)
             if not use_ddp:
                 return self.loss(x0, x1, t, model, generator)
-            rows = distributed.shard(x1.shape[0])
+            rows = distributed.shard(x1.shape[0], granule=1)
             # DDP averages gradients over processes: weight each block's mean by its share of the batch
             share = world * (rows.stop - rows.start) / x1.shape[0]
             return self.loss(x0, x1, t, model, generator, rows=rows) * share

@@ -1,0 +1,61 @@
+"""torchrun on CPU (gloo): a zoo and HMC chains split over two processes equal the single-process run bit
+for bit, and DDP flow training equals one process on the same global batch (to float tolerance)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from wsbook import distributed
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+import dist_worker  # noqa: E402
+
+
+def test_shards_are_whole_groups_and_cover_everything():
+    assert distributed.shard_sizes(11, 2, granule=8) == [8, 3]
+    assert distributed.shard_sizes(5, 2, granule=8) == [5, 0]
+    assert distributed.shard_sizes(10, 3, granule=1) == [4, 3, 3]
+    blocks = [distributed.shard(37, r, 4, granule=2) for r in range(4)]
+    assert [i for b in blocks for i in range(37)[b]] == list(range(37))
+    assert not distributed.active() and distributed.shard(5) == slice(0, 5)
+
+
+def _torchrun(mode: str, out: Path, cache: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WSBOOK_CACHE_DIR": str(cache),
+           "WSBOOK_PROGRESS": "0", "WSBOOK_SCALE": "ci", "WSBOOK_DEVICE": "cpu"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(ROOT / "tests" / "dist_worker.py"), mode, str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(out, weights_only=True)
+
+
+@pytest.fixture
+def single(monkeypatch, one_thread):
+    monkeypatch.setenv("WSBOOK_DEVICE", "cpu")
+
+
+def test_torchrun_zoo_and_hmc_equal_single_process(tmp_path, single):
+    two = _torchrun("zoo", tmp_path / "two.pt", tmp_path / "cache2")
+    one = dist_worker.zoo()
+    assert two["world"] == 2
+    for key in ("theta", "run", "step", "hmc", "hmc_step_size"):
+        assert torch.equal(one[key].cpu(), two[key]), key
+    # one cache entry, written once (by rank 0), under the same key as the single-process entry
+    assert [Path(p).name for p in two["entries"]] == [Path(p).name for p in one["entries"]]
+    assert len(two["entries"]) == 1
+
+
+def test_torchrun_ddp_flow_equals_one_process_on_the_global_batch(tmp_path, single):
+    two = _torchrun("flow", tmp_path / "two.pt", tmp_path / "cache2")
+    one = dist_worker.flow()
+    for field in ("flat", "gnn"):
+        for name, value in one[field].items():
+            torch.testing.assert_close(two[field][name], value, rtol=1e-5, atol=1e-6, msg=f"{field}: {name}")
+        torch.testing.assert_close(two[f"{field}_losses"], one[f"{field}_losses"], rtol=1e-5, atol=1e-6)
+        moved = max(float((one[field][k] - one[f"{field}_init"][k]).abs().max()) for k in one[field])
+        assert moved > 1e-3, f"{field}: training did not move the field, so the comparison says nothing"
