@@ -163,8 +163,9 @@ def _entries(root: Path) -> dict[Path, int]:
     return {p: p.stat().st_size for p in root.rglob("*.pt")} if root.exists() else {}
 
 
-def list_artifacts(registry: dict[str, Artifact], out=sys.stdout) -> None:
+def list_artifacts(registry: dict[str, Artifact], out=None) -> None:
     """Print every artifact with ``yes`` / ``-`` per scale (cached or not), then the groups."""
+    out = out or sys.stdout
     width = max(len(n) for n in registry)
     print(f"cache: {cache.cache_dir()}", file=out)
     print(f"{'artifact':<{width}}  " + "  ".join(f"{s:>7}" for s in config.SCALES) + "  description", file=out)
@@ -177,9 +178,10 @@ def list_artifacts(registry: dict[str, Artifact], out=sys.stdout) -> None:
     print("groups: " + ", ".join(groups()) + "; shell patterns such as 'flow/mnist/*' work too", file=out)
 
 
-def compute(names: list[str], registry: dict[str, Artifact], out=sys.stdout) -> list[dict]:
+def compute(names: list[str], registry: dict[str, Artifact], out=None) -> list[dict]:
     """Compute the artifacts ``names`` that are not cached yet (all ranks together); returns one summary
     row per artifact (printed by rank 0)."""
+    out = out or sys.stdout
     from tqdm.auto import tqdm
 
     root = check_cache_dir()

@@ -1,0 +1,70 @@
+"""``python -m wsbook``: clear one-line errors, and ``--list`` reflects the cache."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from wsbook import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path):
+    """The CLI writes WSBOOK_SCALE / WSBOOK_CACHE_DIR into the environment: restore them afterwards."""
+    monkeypatch.setenv("WSBOOK_SCALE", "ci")
+    monkeypatch.setenv("WSBOOK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("WSBOOK_PROGRESS", "0")
+    return tmp_path
+
+
+def _one_line_error(capsys, argv, code=None):
+    rc = cli.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert rc != 0 and (code is None or rc == code)
+    assert len(err.splitlines()) == 1 and err.startswith("python -m wsbook: error:"), err
+    return err
+
+
+def test_unknown_artifact_and_scale_are_one_line_errors(env, capsys):
+    assert "unknown artifact 'zoo/nope'" in _one_line_error(capsys, ["zoo/nope"], 2)
+    assert "unknown scale 'huge'" in _one_line_error(capsys, ["zoos", "--scale", "huge"], 2)
+    assert "--frobnicate" in _one_line_error(capsys, ["--frobnicate"], 2)
+    assert "name the artifacts" in _one_line_error(capsys, [], 2)
+
+
+def test_unwritable_cache_directory_is_a_one_line_error(env, capsys):
+    blocker = env / "a_file"
+    blocker.write_text("not a directory")
+    err = _one_line_error(capsys, ["zoo/breast_cancer", "--cache-dir", str(blocker / "cache")], 1)
+    assert "not writable" in err and str(blocker) in err
+
+
+def test_module_entry_point_exits_nonzero(env):
+    proc = subprocess.run([sys.executable, "-m", "wsbook", "--scale", "huge", "zoos"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "python -m wsbook: error: unknown scale 'huge'; choose one of ci, default, full"]
+
+
+def _row(out: str, name: str) -> list[str]:
+    line = next(line for line in out.splitlines() if line.split()[:1] == [name])
+    return line.split()[1:4]
+
+
+def test_list_reflects_the_cache_and_compute_writes_it(env, capsys, one_thread):
+    assert cli.main(["--list"]) == 0
+    assert _row(capsys.readouterr().out, "zoo/breast_cancer") == ["-", "-", "-"]
+    assert cli.main(["zoo/breast_cancer", "--scale", "ci"]) == 0
+    out = capsys.readouterr().out
+    assert "zoo/breast_cancer" in out and "computed" in out and "targets/zoo-" in out
+    assert len(list((env / "cache").rglob("*.pt"))) == 1
+    assert cli.main(["--list"]) == 0
+    listing = capsys.readouterr().out
+    assert _row(listing, "zoo/breast_cancer") == ["yes", "-", "-"]     # cached at ci only
+    assert _row(listing, "zoo/mnist5k") == ["-", "-", "-"]
+    assert cli.main(["zoo/breast_cancer"]) == 0                         # again: read, not recomputed
+    assert "0 computed, 1 already cached" in capsys.readouterr().out
+    assert len(list((env / "cache").rglob("*.pt"))) == 1
