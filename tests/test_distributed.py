@@ -59,3 +59,21 @@ def test_torchrun_ddp_flow_equals_one_process_on_the_global_batch(tmp_path, sing
         torch.testing.assert_close(two[f"{field}_losses"], one[f"{field}_losses"], rtol=1e-5, atol=1e-6)
         moved = max(float((one[field][k] - one[f"{field}_init"][k]).abs().max()) for k in one[field])
         assert moved > 1e-3, f"{field}: training did not move the field, so the comparison says nothing"
+
+
+def test_field_autocast_is_an_option_and_off_on_the_cpu(one_thread):
+    from wsbook.nets import MLPSpec
+    from wsbook.weightflow import GeometricChart, WeightFlow, gnn_field
+
+    spec = MLPSpec((3, 4, 2))
+    nets = spec.init(40, generator=torch.Generator().manual_seed(0), device="cpu")
+    losses = {}
+    for autocast in (None, False, True):
+        torch.manual_seed(1)
+        flow = WeightFlow(GeometricChart(spec), gnn_field(spec, dim=4, n_layers=1), coupling="ot")
+        losses[autocast] = flow.fit(nets, steps=4, batch_size=10, generator=torch.Generator().manual_seed(2),
+                                    autocast=autocast).losses
+        assert not flow._autocast                          # only inside fit
+    assert torch.equal(losses[None], losses[False])        # the CPU default: float32, unchanged
+    assert torch.isfinite(losses[True]).all() and not torch.equal(losses[True], losses[False])
+    torch.testing.assert_close(losses[True], losses[False], rtol=0.05, atol=0.02)   # bfloat16: close, not equal

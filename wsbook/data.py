@@ -1,4 +1,5 @@
-"""Datasets that ship with Python packages (nothing is downloaded), as standardized tensors.
+"""Datasets that ship with Python packages (nothing is downloaded), as standardized tensors; and the full
+MNIST from IDX files the user already has (:func:`mnist`).
 
 Every dataset comes as deterministic train / validation / test splits on the configured device.
 Inputs are standardized with training statistics (per feature for tables, one global scale for
@@ -7,7 +8,10 @@ images); regression targets are standardized too, with the statistics kept for u
 from __future__ import annotations
 
 import functools
+import gzip
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -132,3 +136,71 @@ def load(name: str, device: torch.device | str | None = None) -> Dataset:
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; available: {', '.join(DATASETS)}")
     return _load_cached(name, str(device or config.device()))
+
+
+# ------------------------------------------------------------------------------------- full MNIST (IDX)
+MNIST_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+               "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+
+
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """Read one IDX file (LeCun's MNIST format; ``.gz`` compressed or not) as an unsigned-byte array.
+
+    The header is two zero bytes, a type byte (``0x08``: unsigned bytes), the number of dimensions and
+    one big-endian 32-bit size per dimension; the values follow.
+    """
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as fh:
+        raw = fh.read()
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+        raise ValueError(f"{path} is not an unsigned-byte IDX file (header {raw[:4].hex()})")
+    ndim = raw[3]
+    shape = tuple(int(v) for v in np.frombuffer(raw, ">u4", count=ndim, offset=4))
+    body = np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim)
+    if body.size != int(np.prod(shape)):
+        raise ValueError(f"{path}: the header says {shape} ({int(np.prod(shape))} values), the file holds {body.size}")
+    return body.reshape(shape)
+
+
+def mnist(directory: str | os.PathLike | None = None, n_val: int = 10_000,
+          device: torch.device | str | None = None) -> Dataset:
+    """The full MNIST (60,000 + 10,000 images) from the standard IDX files in a local directory, as
+    standardized splits like :func:`load` (flattened 784-pixel images, one global scale). Nothing is
+    downloaded: get ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``, ``t10k-images-idx3-ubyte``
+    and ``t10k-labels-idx1-ubyte`` (each optionally ``.gz``) yourself.
+
+    Args:
+        directory: where the files are (default: the ``WSBOOK_MNIST_DIR`` environment variable).
+        n_val: the last ``n_val`` training images form the validation split.
+        device: where the tensors live (default: :func:`wsbook.config.device`).
+    """
+    directory = directory or os.environ.get("WSBOOK_MNIST_DIR")
+    if not directory:
+        raise ValueError("mnist: give the directory of the IDX files, or set WSBOOK_MNIST_DIR (nothing is downloaded)")
+    root = Path(directory).expanduser()
+
+    def find(name: str) -> Path:
+        for candidate in (root / name, root / f"{name}.gz"):
+            if candidate.exists():
+                return candidate
+        raise FileNotFoundError(f"mnist: {name}[.gz] not found in {root}")
+
+    arrays = {}
+    for split, (images, labels) in MNIST_FILES.items():
+        x, y = read_idx(find(images)), read_idx(find(labels))
+        if x.ndim != 3 or y.ndim != 1 or len(x) != len(y):
+            raise ValueError(f"mnist: {split} images {x.shape} and labels {y.shape} do not match")
+        arrays[split] = (x.reshape(len(x), -1).astype(np.float64), y.astype(np.int64))
+    x_all, y_all = arrays["train"]
+    if not 0 < n_val < len(x_all):
+        raise ValueError(f"mnist: n_val must be in [1, {len(x_all) - 1}]; got {n_val}")
+    splits = {"train": (x_all[:-n_val], y_all[:-n_val]), "val": (x_all[-n_val:], y_all[-n_val:]),
+              "test": arrays["test"]}
+    mean, std = splits["train"][0].mean(), splits["train"][0].std()
+    device = str(device or config.device())
+    tensors = {}
+    for split, (xs, ys) in splits.items():
+        tensors[f"x_{split}"] = torch.as_tensor((xs - mean) / std, dtype=config.dtype(), device=device)
+        tensors[f"y_{split}"] = torch.as_tensor(ys, dtype=torch.long, device=device)
+    return Dataset(name="mnist", n_classes=10, **tensors)
