@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import torch
 
-from wsbook import distributed
+from wsbook import cache, distributed
 
 
 def zoo() -> dict:
@@ -23,8 +23,9 @@ def zoo() -> dict:
     gen = torch.Generator().manual_seed(4)
     run = hmc(lp, lp.init(11, generator=gen), n_samples=3, n_warmup=3, n_leapfrog=3, step_size=1e-3,
               generator=gen, compute_dtype=torch.float32)
+    entries = [str(p) for p in sorted(cache.cache_dir().rglob("*.pt"))]
     return {"theta": z["theta"], "run": z["run"], "step": z["step"], "hmc": run.samples,
-            "hmc_step_size": run.step_size, "entries": [str(p) for p in sorted(__import__("wsbook").cache.cache_dir().rglob("*.pt"))]}
+            "hmc_step_size": run.step_size, "entries": entries}
 
 
 def flow() -> dict:

@@ -57,7 +57,8 @@ def artifacts() -> dict[str, Artifact]:
                             lambda name=name: targets.zoo(name)))
     for task in ("breast_cancer", "mnist5k"):
         for seed in (0, 1):
-            out.append(Artifact(f"hmc/{task}/{seed}", f"reference HMC posterior of {task}, seed {seed} (chapters 8, 8c)",
+            out.append(Artifact(f"hmc/{task}/{seed}", f"reference HMC posterior of {task}, seed {seed} "
+                                "(chapters 8, 8c)",
                                 lambda task=task, seed=seed: targets.hmc_reference(task, seed)))
     for method in ("sgld", "sghmc", "vi", "laplace", "ensemble"):
         # as chapter 8's n_methods (and chapter 2's n_samples): networks per method

@@ -70,8 +70,8 @@ class DualAveraging:
 def hmc(log_posterior: LogDensity, theta0: Tensor, *, n_samples: int, n_warmup: int = 100, n_leapfrog: int = 20,
         step_size: float = 1e-3, target_accept: float = 0.8, thin: int = 1, jitter: float = 0.2,
         max_energy_error: float = 1000.0, dtype: torch.dtype = torch.float64,
-        compute_dtype: torch.dtype | None = None, generator: torch.Generator | None = None, progress: bool | None = None,
-        shard: bool | None = None) -> SampleResult:
+        compute_dtype: torch.dtype | None = None, generator: torch.Generator | None = None,
+        progress: bool | None = None, shard: bool | None = None) -> SampleResult:
     """Hamiltonian Monte Carlo for ``C`` chains at once (Neal, 2011), identity mass matrix.
 
     Each iteration draws momenta, runs ``n_leapfrog`` leapfrog steps (the step size jittered by ``+-jitter``
