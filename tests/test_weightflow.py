@@ -226,6 +226,42 @@ def test_gnn_field_is_equivariant_and_batch_independent():
         assert not torch.allclose(permute(SPEC, flat(t, theta), perms), flat(t, permute(SPEC, theta, perms)), atol=1e-3)
 
 
+def test_anchored_field_is_equivariant_in_the_pair_and_reads_its_anchor():
+    field = gnn_field(SPEC, dim=8, n_layers=2, anchored=True)
+    theta, anchor = zoo(6), zoo(1, seed=3)
+    field.set_anchor(anchor[0])
+    perms = random_permutation(SPEC, 1, gen(10))
+    p6 = [p.expand(6, -1) for p in perms]
+    t = torch.rand(6, generator=gen(11))
+    with torch.no_grad():
+        out = field(t, theta)
+        moved = field(t, permute(SPEC, theta, p6))
+        field.set_anchor(permute(SPEC, anchor, perms)[0])
+        both = field(t, permute(SPEC, theta, p6))
+    # permuting the point and the anchor together permutes the output; the point alone does not
+    assert torch.allclose(permute(SPEC, out, p6), both, atol=1e-5)
+    assert not torch.allclose(permute(SPEC, out, p6), moved, atol=1e-4)
+    with pytest.raises(ValueError, match="one width|width"):
+        field.with_spec(MLPSpec((4, 7, 3, 2)))
+    with pytest.raises(ValueError, match="anchored"):
+        WeightFlow(EuclideanChart(SPEC), field, align_pairs=True)
+    with pytest.raises(ValueError, match="anchored=False"):
+        gnn_field(SPEC, dim=8, n_layers=1).set_anchor(anchor)
+
+
+def test_fit_sets_the_anchor_to_the_mean_network_and_it_survives_the_cache():
+    nets = zoo(24)
+    flow = WeightFlow(EuclideanChart(SPEC), gnn_field(SPEC, dim=8, n_layers=1, anchored=True), coupling="ot")
+    flow.fit(nets, steps=3, batch_size=8, generator=gen(), progress=False)
+    expected = nets.mean(0) / flow._scale(nets)
+    assert torch.allclose(flow.field.anchor[0], expected, atol=1e-5)
+    assert torch.allclose(flow.ema.anchor[0], expected, atol=1e-5)
+    again = WeightFlow.from_state(flow.state_dict())
+    x = zoo(5, seed=9)
+    with torch.no_grad():
+        assert torch.allclose(flow.velocity(0.3, x), again.velocity(0.3, x), atol=1e-6)
+
+
 def test_width_transfer():
     small, wide = MLPSpec((4, 3, 2)), MLPSpec((4, 7, 2))
     flow = WeightFlow(GeometricChart(small), gnn_field(small, dim=8, n_layers=2))

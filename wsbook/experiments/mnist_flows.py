@@ -40,8 +40,13 @@ RECIPES: dict[str, tuple[str, str, str]] = {
     "normalized_aligned_ot": ("normalized", "gnn", "ot"),
     "geometric_aligned": ("geometric", "gnn", "independent"),
     "geometric_aligned_ot": ("geometric", "gnn", "ot"),
+    # the equivariant field without an anchor (pairs aligned to their source partner): the one that
+    # samples other widths
+    "geometric_aligned_ot_unanchored": ("geometric", "gnn_unanchored", "ot"),
     "plain_baseline": ("euclidean", "flat", "ot"),
 }
+#: the recipe whose field transfers to other hidden widths (an anchored field exists for one width)
+TRANSFER = "geometric_aligned_ot_unanchored"
 ZOO = "mnist5k"
 WIDE_ZOO = "mnist5k_w32"
 BMA_SIZES = (1, 4, 8, 16, 32, 64)
@@ -103,8 +108,8 @@ def budget() -> Budget:
     """The page's sizes at the current scale (the one place they are chosen)."""
     s = config.by_scale
     return Budget(
-        recipes=s(("geometric_aligned", "geometric_aligned_ot"),
-                  ("euclidean_aligned", "euclidean_aligned_ot", "geometric_aligned", "geometric_aligned_ot"),
+        recipes=s(("geometric_aligned", "geometric_aligned_ot", TRANSFER),
+                  ("euclidean_aligned", "euclidean_aligned_ot", "geometric_aligned", "geometric_aligned_ot", TRANSFER),
                   tuple(r for r in RECIPES if r != "plain_baseline")),
         dim=s(8, 8, 64), n_layers=s(1, 1, 4), batch_size=s(8, 8, 64), steps=s(30, 250, 50_000), lr=s(1e-2, 1e-2, 1e-3),
         ema_decay=s(0.9, 0.95, 0.999), flat_hidden=s(256, 256, 512), flat_batch=64, flat_steps=s(150, 600, 20_000),
@@ -163,13 +168,15 @@ def make_flow(recipe: str, spec: MLPSpec, reference: Tensor, b: Budget, dim: int
     chart = {"euclidean": lambda: EuclideanChart(spec, sigma=0.1, reference=reference),
              "normalized": lambda: NormalizedChart(spec, reference=reference),
              "geometric": lambda: GeometricChart(spec, reference=reference)}[chart_kind]()
+    anchored = field_kind == "gnn"
     field = (FlatField(spec, hidden=b.flat_hidden, depth=3) if field_kind == "flat"
-             else gnn_field(spec, dim=dim or b.dim, n_layers=b.n_layers))
-    # GNN fields get pairs aligned to their source partner (equivariant flow matching, Klein et al., 2023)
-    return WeightFlow(chart, field, coupling=coupling, align_pairs=field_kind == "gnn")
+             else gnn_field(spec, dim=dim or b.dim, n_layers=b.n_layers, anchored=anchored))
+    # an anchored GNN reads the mean aligned network; the unanchored one gets pairs aligned to their source
+    # partner instead (equivariant flow matching, Klein et al., 2023)
+    return WeightFlow(chart, field, coupling=coupling, align_pairs=field_kind == "gnn_unanchored")
 
 
-@cached("flows/mnist/train", version=2)   # 2: EMA with warm-up
+@cached("flows/mnist/train", version=3)   # 3: anchored GNN fields
 def _train(recipe: str, fields: dict, dim: int, seed: int) -> dict:
     b = budget()
     if _training_fields(b) != fields:
@@ -194,7 +201,7 @@ def train_flow(recipe: str, dim: int | None = None, seed: int = 0) -> tuple[Weig
     return WeightFlow.from_state(out["state"]), info
 
 
-@cached("flows/mnist/samples", version=2)
+@cached("flows/mnist/samples", version=3)
 def _sample(recipe: str, fields: dict, dim: int, widths: tuple[int, ...], n: int, guided: str | None,
             sampler: dict, seed: int) -> dict:
     b = budget()
@@ -357,6 +364,6 @@ def field_size_sweep(recipe: str = "geometric_aligned_ot", y: Tensor | None = No
     return rows
 
 
-__all__ = ["RECIPES", "BMA_SIZES", "Budget", "budget", "split", "permuted_mnist", "task_data", "make_flow",
+__all__ = ["RECIPES", "TRANSFER", "BMA_SIZES", "Budget", "budget", "split", "permuted_mnist", "task_data", "make_flow",
            "train_flow", "sample_flow", "probs_of", "score", "bma_curve", "trained_networks", "init_curves",
            "field_size_sweep"]

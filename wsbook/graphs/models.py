@@ -23,6 +23,8 @@ depth of its family (same kind, inputs, outputs and edge size), also in one batc
 from __future__ import annotations
 
 import torch
+from dataclasses import replace
+
 from torch import Tensor, nn
 from torch_geometric.nn import global_max_pool, global_mean_pool
 from torch_geometric.utils import scatter
@@ -59,11 +61,14 @@ class WeightSpaceGNN(nn.Module):
         mean_log_degree: PNA only: the degree scalers' reference ``delta``; default: the mean of
             ``log(d + 1)`` over the nodes of ``spec``'s graph.
         n_time: number of sinusoidal time features (:class:`wsbook.flows.TimeEmbedding`).
+        channels: values read per weight and bias: 1 (the network), or 2 (the network and a context
+            network of the same spec passed as ``context=``, e.g. an anchor; permuting both together
+            permutes the output, so the model stays equivariant in the pair).
     """
 
     def __init__(self, spec: Spec | NeuralGraph, layer: str = "pna", dim: int = 32, n_layers: int = 3,
                  head: str = "invariant", out_dim: int = 1, time: bool = False, attention: str = "neighbours",
-                 heads: int = 4, mean_log_degree: float | None = None, n_time: int = 8):
+                 heads: int = 4, mean_log_degree: float | None = None, n_time: int = 8, channels: int = 1):
         super().__init__()
         if layer not in LAYERS:
             raise ValueError(f"layer must be one of {LAYERS}; got {layer!r}")
@@ -71,11 +76,13 @@ class WeightSpaceGNN(nn.Module):
             raise ValueError(f"head must be one of {HEADS}; got {head!r}")
         self.graph = NeuralGraph.of(spec)
         self.family = self.graph.family
-        self.layer_kind, self.head, self.dim = layer, head, dim
+        if channels not in (1, 2):
+            raise ValueError(f"channels must be 1 (the network) or 2 (network and context); got {channels!r}")
+        self.layer_kind, self.head, self.dim, self.channels = layer, head, dim, channels
         g = self.graph
         self.pos = nn.Embedding(g.n_pos, dim)
-        self.node_in = nn.Linear(1, dim)
-        self.edge_in = mlp([g.edge_dim, dim, dim])
+        self.node_in = nn.Linear(channels, dim)
+        self.edge_in = mlp([g.edge_dim * channels, dim, dim])
         if layer == "pna":
             self.mean_log_degree = g.mean_log_degree() if mean_log_degree is None else float(mean_log_degree)
             self.layers = nn.ModuleList(PNAEdgeLayer(dim, self.mean_log_degree) for _ in range(n_layers))
@@ -97,13 +104,22 @@ class WeightSpaceGNN(nn.Module):
         """The spec the model was built for (the default of :meth:`forward`)."""
         return self.graph.spec
 
-    def _graph_batch(self, theta: Tensor | GraphBatch, spec: Spec | NeuralGraph | None) -> GraphBatch:
+    def _graph_batch(self, theta: Tensor | GraphBatch, spec: Spec | NeuralGraph | None,
+                     context: Tensor | None = None) -> GraphBatch:
         if isinstance(theta, GraphBatch):
-            if spec is not None:
-                raise ValueError("pass spec only with a population tensor, not with a GraphBatch")
+            if spec is not None or context is not None:
+                raise ValueError("pass spec and context only with a population tensor, not with a GraphBatch")
             batch = theta
         else:
-            batch = NeuralGraph.of(self.graph if spec is None else spec).to_graph(theta)
+            graph = NeuralGraph.of(self.graph if spec is None else spec)
+            batch = graph.to_graph(theta)
+            if (context is None) != (self.channels == 1):
+                raise ValueError(f"this model reads {self.channels} channel(s): pass context= exactly when it was "
+                                 "built with channels=2")
+            if context is not None:      # the context network's values as a second channel of every node and edge
+                ctx = graph.to_graph(context.expand(theta.shape[0], -1))
+                batch = replace(batch, x=torch.cat([batch.x, ctx.x], -1),
+                                edge_attr=torch.cat([batch.edge_attr, ctx.edge_attr], -1))
         if batch.family != self.family:
             raise ValueError(f"this model reads networks of family {self.family} (kind, inputs, outputs, edge size); "
                              f"got {batch.family} from {batch.parts[0][0].spec}")
@@ -115,7 +131,10 @@ class WeightSpaceGNN(nn.Module):
         population ``theta`` (of ``spec``, default the model's; or a mixed :class:`GraphBatch`). One scalar
         per role (as Kofinas et al. 2024 use one per layer), so equivariance is untouched; roles that do
         not occur in ``theta`` keep their scale."""
-        gb = self._graph_batch(theta.detach() if isinstance(theta, Tensor) else theta, spec)
+        if isinstance(theta, Tensor):      # the network channel only (a context keeps the scales of its role)
+            theta = NeuralGraph.of(self.graph if spec is None else spec).to_graph(theta.detach())
+            spec = None
+        gb = self._graph_batch(theta, spec)
         edge_role, node_role = gb.edge_role, gb.role
         for role in range(1, N_ROLES):
             e_sel, n_sel = edge_role == role, node_role == role
@@ -148,10 +167,10 @@ class WeightSpaceGNN(nn.Module):
             h, e = layer(h, batch.edge_index, e, batch.batch)
         return h, e
 
-    def embed(self, theta: Tensor, *, t: Tensor | float | None = None,
-              spec: Spec | NeuralGraph | None = None) -> tuple[Tensor, Tensor, GraphBatch]:
+    def embed(self, theta: Tensor, *, t: Tensor | float | None = None, spec: Spec | NeuralGraph | None = None,
+              context: Tensor | None = None) -> tuple[Tensor, Tensor, GraphBatch]:
         """Node and edge features ``[B*N, dim]``, ``[B*E, dim]`` after all layers, and the graph batch."""
-        gb = self._graph_batch(theta, spec)
+        gb = self._graph_batch(theta, spec, context)
         h, e = self.embed_graph(gb, t)
         return h, e, gb
 
@@ -171,12 +190,13 @@ class WeightSpaceGNN(nn.Module):
         return batch.to_populations(nodes, edges)
 
     def forward(self, theta: Tensor, *, t: Tensor | float | None = None,
-                spec: Spec | NeuralGraph | None = None) -> Tensor:
+                spec: Spec | NeuralGraph | None = None, context: Tensor | None = None) -> Tensor:
         """``theta [B, D]`` networks of ``spec`` (default: the spec the model was built for) ->
-        ``[B, out_dim]`` (invariant head) or ``[B, D]`` (equivariant head)."""
+        ``[B, out_dim]`` (invariant head) or ``[B, D]`` (equivariant head). ``context``: ``[B, D]`` or
+        ``[1, D]`` networks of the same spec read as a second channel (models with ``channels=2``)."""
         if isinstance(theta, GraphBatch):
             raise TypeError("forward takes a population tensor [B, D]; call forward_graph for a GraphBatch")
-        out = self.forward_graph(self._graph_batch(theta, spec), t)
+        out = self.forward_graph(self._graph_batch(theta, spec, context), t)
         return out[0] if self.head == "equivariant" else out
 
 
@@ -192,15 +212,17 @@ class WeightSpaceField(nn.Module):
 
     Args:
         spec: the architecture the field is built for (default spec of :meth:`forward`).
-        layer, dim, n_layers, attention, heads, mean_log_degree, n_time: as for :class:`WeightSpaceGNN`.
+        layer, dim, n_layers, attention, heads, mean_log_degree, n_time, channels: as for
+            :class:`WeightSpaceGNN`.
     """
 
     def __init__(self, spec: Spec | NeuralGraph, layer: str = "pna", dim: int = 32, n_layers: int = 3, *,
                  attention: str = "neighbours", heads: int = 4, mean_log_degree: float | None = None,
-                 n_time: int = 8):
+                 n_time: int = 8, channels: int = 1):
         super().__init__()
         self.gnn = WeightSpaceGNN(spec, layer, dim=dim, n_layers=n_layers, head="equivariant", time=True,
-                                  attention=attention, heads=heads, mean_log_degree=mean_log_degree, n_time=n_time)
+                                  attention=attention, heads=heads, mean_log_degree=mean_log_degree, n_time=n_time,
+                                  channels=channels)
 
     @property
     def graph(self) -> NeuralGraph:
@@ -215,9 +237,11 @@ class WeightSpaceField(nn.Module):
         velocities come out in the units of the input."""
         self.gnn.set_normalization(x, spec)
 
-    def forward(self, t: Tensor | float, x: Tensor, spec: Spec | NeuralGraph | None = None) -> Tensor:
-        """``t`` a scalar or ``[B]``, ``x [B, D]`` networks of ``spec`` -> velocities ``[B, D]``."""
-        return self.gnn(x, t=t, spec=spec)
+    def forward(self, t: Tensor | float, x: Tensor, spec: Spec | NeuralGraph | None = None,
+                context: Tensor | None = None) -> Tensor:
+        """``t`` a scalar or ``[B]``, ``x [B, D]`` networks of ``spec`` -> velocities ``[B, D]``; ``context``
+        a second network channel (fields built with ``channels=2``)."""
+        return self.gnn(x, t=t, spec=spec, context=context)
 
     def forward_graph(self, t: Tensor | float, batch: GraphBatch) -> list[Tensor]:
         """``t`` a scalar or one time per graph, a (mixed) graph batch -> one velocity population per part."""

@@ -58,21 +58,32 @@ class GNNField(nn.Module):
             preconditioning in the spirit of Karras et al. 2022's ``c_skip``; equivariant and width-agnostic).
             Many fields over weights are close to a time-dependent rescaling of their input, which a GNN
             whose edge features pass through layer norms represents only approximately.
+        anchored: read an anchor network (:meth:`set_anchor`; :meth:`WeightFlow.fit` sets the mean of the
+            aligned training networks) beside ``x`` as a second channel of every node and edge. In an
+            aligned chart every hidden neuron has an identity (the reference neuron it was matched to);
+            a purely equivariant field cannot see it and must learn the permutation-symmetrized target,
+            breaking the symmetry from the noise alone. The anchor's neuron tells the field which neuron
+            it is looking at, while the field stays equivariant in the pair (x, anchor). An anchored
+            field exists for the width of its anchor (no :meth:`with_spec` to another width).
         core: an existing trained :class:`WeightSpaceField` and skip to share (used by :meth:`with_spec`).
     """
 
     def __init__(self, spec: MLPSpec, layer: str = "relational_transformer", dim: int = 32, n_layers: int = 3,
-                 heads: int = 1, attention: str = "neighbours", skip: bool = True, *,
+                 heads: int = 1, attention: str = "neighbours", skip: bool = True, anchored: bool = False, *,
                  core: tuple[WeightSpaceField, nn.Module | None] | None = None):
         super().__init__()
         if not isinstance(spec, MLPSpec):
             raise TypeError(f"gnn_field needs an MLPSpec; got {type(spec).__name__}")
-        self.spec = spec
-        self.kwargs = dict(layer=layer, dim=dim, n_layers=n_layers, heads=heads, attention=attention, skip=skip)
+        self.spec, self.anchored = spec, bool(anchored)
+        self.kwargs = dict(layer=layer, dim=dim, n_layers=n_layers, heads=heads, attention=attention, skip=skip,
+                           anchored=self.anchored)
         if core is None:
-            core = (WeightSpaceField(spec, layer, dim=dim, n_layers=n_layers, attention=attention, heads=heads),
+            core = (WeightSpaceField(spec, layer, dim=dim, n_layers=n_layers, attention=attention, heads=heads,
+                                     channels=2 if anchored else 1),
                     _Skip(spec.n_layers, dim) if skip else None)
         self.net, self.skip = core
+        if self.anchored:       # in the units the field reads (WeightFlow divides by its per-layer scale)
+            self.register_buffer("anchor", torch.zeros(1, spec.n_params))
         idx = torch.empty(spec.n_params, dtype=torch.long)
         for layer_k in range(spec.n_layers):
             w, b = spec.slices(layer_k)
@@ -82,10 +93,17 @@ class GNNField(nn.Module):
     def forward(self, t: Tensor | float, x: Tensor) -> Tensor:
         x = self.spec.check(x, "x")
         t = _times(t, x)
-        out = self.net(t, x, spec=self.spec)
+        out = self.net(t, x, spec=self.spec, context=self.anchor if self.anchored else None)
         if self.skip is not None:
             out = out + self.skip(t, x, self.layer_of)
         return out
+
+    @torch.no_grad()
+    def set_anchor(self, anchor: Tensor) -> None:
+        """Set the anchor network ``[D]`` or ``[1, D]`` (in the units the field reads)."""
+        if not self.anchored:
+            raise ValueError("set_anchor: this field was built with anchored=False")
+        self.anchor.copy_(self.spec.check(anchor.reshape(1, -1), "anchor"))
 
     def config(self) -> dict:
         return {"kind": "gnn", "widths": list(self.spec.widths), "activation": self.spec.activation, **self.kwargs}
@@ -97,6 +115,11 @@ class GNNField(nn.Module):
         if len(spec.widths) != len(self.spec.widths) or spec.widths[0] != self.spec.widths[0] \
                 or spec.widths[-1] != self.spec.widths[-1]:
             raise ValueError(f"gnn_field.with_spec: {spec} must keep the depth, inputs and outputs of {self.spec}")
+        if self.anchored:
+            if spec == self.spec:
+                return self
+            raise ValueError(f"gnn_field.with_spec: an anchored field reads an anchor network of {self.spec} and "
+                             f"exists for that width only; train an unanchored gnn_field for width transfer to {spec}")
         return GNNField(spec, **self.kwargs, core=(self.net, self.skip)).to(self.layer_of.device)
 
 
@@ -120,10 +143,12 @@ class FlatField(TimeMLP):
 
 
 def gnn_field(spec: MLPSpec, layer: str = "relational_transformer", dim: int = 32, n_layers: int = 3,
-              heads: int = 1, attention: str = "neighbours", skip: bool = True) -> nn.Module:
+              heads: int = 1, attention: str = "neighbours", skip: bool = True, anchored: bool = False) -> nn.Module:
     """The book's vector field over weights: ``field(t, x)``, an equivariant, time-conditioned GNN on the
-    neural graph of ``spec`` (arguments as in :class:`GNNField`), with ``with_spec`` for width transfer."""
-    return GNNField(spec, layer=layer, dim=dim, n_layers=n_layers, heads=heads, attention=attention, skip=skip)
+    neural graph of ``spec`` (arguments as in :class:`GNNField`), with ``with_spec`` for width transfer
+    (unanchored fields)."""
+    return GNNField(spec, layer=layer, dim=dim, n_layers=n_layers, heads=heads, attention=attention, skip=skip,
+                    anchored=anchored)
 
 
 FIELDS = {"gnn": GNNField, "flat": FlatField}

@@ -94,6 +94,9 @@ class WeightFlow:
         if time_distribution not in TIME_DISTRIBUTIONS:
             raise ValueError(f"WeightFlow: time_distribution must be one of {TIME_DISTRIBUTIONS}; "
                              f"got {time_distribution!r}")
+        if align_pairs and getattr(field, "anchored", False):
+            raise ValueError("WeightFlow: align_pairs permutes targets away from the anchor's neuron order; an "
+                             "anchored field needs align_pairs=False")
         self.chart, self.field = chart, field
         self.parametrization, self.coupling_name, self.align_pairs = parametrization, coupling, bool(align_pairs)
         self.time_distribution, self.path_sigma, self.t_eps = time_distribution, float(path_sigma), float(t_eps)
@@ -220,6 +223,9 @@ class WeightFlow:
         with torch.no_grad():
             points = self.chart.to_points(networks)
         self.set_scale(points)
+        if getattr(self.field, "anchored", False):     # the mean training network, in the field's units
+            with torch.no_grad():
+                self.field.set_anchor((self.chart.layout(points) / self._scale(points)).mean(0))
         device = next(self.field.parameters()).device
         points = points.to(device)
         batches = Minibatches(points.shape[0], batch_size, generator=generator, device=device)
