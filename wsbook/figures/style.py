@@ -80,14 +80,174 @@ def rgba(hex_color: str, alpha: float) -> str:
     return f"rgba({r},{g},{b},{alpha})"
 
 
+#: Below this width (pixels of the figure's column) a grid of panels is stacked into one column.
+NARROW_PX = 560
+#: Number format of hover labels: four significant digits, no trailing zeros, no SI prefixes
+#: (``10.83`` rather than ``10.83285p``).
+HOVER_FORMAT = ".4~g"
+
+# Panel heights and the gap between stacked panels (subplot title, tick labels, axis title), in pixels.
+_STACKED_PANEL_PX = {"xy": 260, "scene": 360}
+_STACKED_GAP_PX = 80
+
+
+def _dom(values) -> tuple[float, float]:
+    return (round(float(values[0]), 4), round(float(values[1]), 4))
+
+
+def _margin(layout: Mapping, side: str, default: int) -> int:
+    for source in (layout, (layout.get("template") or {}).get("layout") or {}):
+        value = (source.get("margin") or {}).get(side)
+        if value is not None:
+            return int(value)
+    return default
+
+
+def narrow_relayout(figure: Mapping) -> dict | None:
+    """How a figure with side-by-side panels reflows on a narrow screen: a ``Plotly.relayout`` update that
+    stacks every panel that draws something (cartesian subplot or 3-D scene) into one column, top to
+    bottom and left to right, hides the empty ones, moves the subplot titles along, gives every panel its
+    tick labels and the axis titles of its row and column, and sets a height that keeps each panel
+    readable.
+
+    Returns ``{"on": update, "off": update}`` (``off`` restores the wide layout) or ``None`` when the
+    figure has a single column of panels. :class:`BookRenderer` applies it in the page below
+    :data:`NARROW_PX`.
+
+    Args:
+        figure: a figure as a plain dict with ``data`` and ``layout`` (``fig.to_dict()``).
+    """
+    import re
+
+    layout = figure.get("layout") or {}
+    used_axes = {str(t.get("xaxis", "x")) for t in figure.get("data") or []}
+    used_axes |= {str(t.get("scene", "scene")) for t in figure.get("data") or []}
+    panels = []   # (kind, x key, y key, x domain, y domain)
+    for key, ax in layout.items():
+        if not isinstance(ax, Mapping):
+            continue
+        if re.fullmatch(r"xaxis\d*", key) and "domain" in ax and not ax.get("overlaying"):
+            ykey = "yaxis" + str(ax.get("anchor", "y"))[1:]
+            yax = layout.get(ykey)
+            if isinstance(yax, Mapping) and str(ax.get("anchor", "y")).startswith("y"):
+                panels.append(("xy", key, ykey, _dom(ax["domain"]), _dom(yax.get("domain", (0, 1)))))
+        elif re.fullmatch(r"scene\d*", key) and isinstance(ax.get("domain"), Mapping):
+            dom = ax["domain"]
+            panels.append(("scene", key, None, _dom(dom.get("x", (0, 1))), _dom(dom.get("y", (0, 1)))))
+    if len({p[3] for p in panels}) < 2:
+        return None
+    on: dict = {}
+    off: dict = {"height": layout.get("height")}
+
+    def put(attr: str, value, original) -> None:
+        on[attr] = value
+        off[attr] = original
+
+    def drawn(panel) -> bool:
+        return ("x" + panel[1][5:] if panel[0] == "xy" else panel[1]) in used_axes
+
+    for kind, xkey, ykey, xdom, ydom in (p for p in panels if not drawn(p)):
+        for key in (xkey, ykey) if ykey else (xkey,):   # an empty panel of the grid: out of the way
+            put(f"{key}.visible", False, layout[key].get("visible"))
+        put(f"{ykey}.domain" if ykey else f"{xkey}.domain.y", [0, 0.001], list(ydom))
+    panels = sorted((p for p in panels if drawn(p)), key=lambda p: (-p[4][1], p[3][0]))
+    top, bottom = _margin(layout, "t", 70), _margin(layout, "b", 110)
+    heights = [_STACKED_PANEL_PX[p[0]] for p in panels]
+    area = sum(heights) + _STACKED_GAP_PX * (len(panels) - 1)
+    on["height"] = top + bottom + area
+
+    def axis_title(ax: Mapping) -> str | None:
+        title = ax.get("title")
+        return title.get("text") if isinstance(title, Mapping) else title
+
+    used = 0
+    for (kind, xkey, ykey, xdom, ydom), height in zip(panels, heights):
+        hi = round(1 - used / area, 4)
+        lo = round(1 - (used + height) / area, 4)
+        used += height + _STACKED_GAP_PX
+        if kind == "scene":
+            put(f"{xkey}.domain.x", [0, 1], list(xdom))
+            put(f"{xkey}.domain.y", [lo, hi], list(ydom))
+        else:
+            xax, yax = layout[xkey], layout[ykey]
+            put(f"{xkey}.domain", [0, 1], list(xdom))
+            put(f"{ykey}.domain", [lo, hi], list(ydom))
+            for key, ax in ((xkey, xax), (ykey, yax)):
+                put(f"{key}.showticklabels", True, ax.get("showticklabels"))
+            # axis titles shown once per row (y) or column (x) in the grid go on every stacked panel
+            if not axis_title(xax):
+                same = [axis_title(layout[p[1]]) for p in panels if p[0] == "xy" and p[3] == xdom]
+                if any(same):
+                    put(f"{xkey}.title.text", next(t for t in same if t), None)
+            if not axis_title(yax):
+                same = [axis_title(layout[p[2]]) for p in panels if p[0] == "xy" and p[4] == ydom]
+                if any(same):
+                    put(f"{ykey}.title.text", next(t for t in same if t), None)
+        for i, note in enumerate(layout.get("annotations") or []):
+            # make_subplots puts a panel's title at the top centre of its domain, in paper coordinates
+            if (note.get("xref", "paper") == "paper" and note.get("yref", "paper") == "paper"
+                    and abs(float(note.get("x", -9)) - (xdom[0] + xdom[1]) / 2) < 1e-3
+                    and abs(float(note.get("y", -9)) - ydom[1]) < 1e-3):
+                put(f"annotations[{i}].x", 0.5, note.get("x"))
+                put(f"annotations[{i}].y", hi, note.get("y"))
+    return {"on": on, "off": off}
+
+
+# Runs in the page after Plotly.newPlot ({plot_id}, {narrow} are filled in): below NARROW_PX a grid of
+# panels is stacked into one column (and restored above it), and the bottom margin grows until the
+# legend below the plot clears the x-axis title. Self-contained: nothing else on the page is needed.
+_FIT_JS = """
+var gd = document.getElementById('{plot_id}'), narrow = {narrow}, busy = false;
+function sized(up) { return Object.assign(up, {width: null, autosize: true}); }
+function wsbookFit() {
+  if (busy || !gd._fullLayout || !gd.clientWidth) { return; }
+  var small = gd.clientWidth < {narrow_px}, up = {};
+  if (narrow && small !== !!gd._wsbookNarrow) {   // the switch also drops the legend's extra margin
+    gd._wsbookNarrow = small; Object.assign(up, small ? narrow.on : narrow.off);
+    up['margin.b'] = gd._fullLayout.margin.b - (gd._wsbookExtra || 0); gd._wsbookExtra = 0;
+  }
+  busy = true;
+  // a new height must not freeze the width: plotly would pin it unless autosize stays on
+  Promise.resolve(Object.keys(up).length ? Plotly.relayout(gd, sized(up)) : null).then(function () {
+    var L = gd._fullLayout, legend = gd.querySelector('g.legend');
+    if (legend && L.showlegend && L.legend.orientation === 'h' && L.legend.yref === 'container') {
+      // room below the plot: the margin the figure asked for, or the legend plus the x-axis title
+      var extra = gd._wsbookExtra || 0, base = L.margin.b - extra;
+      var want = Math.max(0, Math.ceil(legend.getBBox().height) + 85 - base);
+      if (want !== extra) {
+        gd._wsbookExtra = want;
+        return Plotly.relayout(gd, sized({'margin.b': base + want, height: L.height - extra + want}));
+      }
+    }
+  }).then(function () {
+    if (gd.parentElement && /px$/.test(gd.parentElement.style.height)) {
+      gd.parentElement.style.height = gd._fullLayout.height + 'px';
+    }
+    busy = false;
+  }, function () { busy = false; });
+}
+wsbookFit();
+var wsbookTimer;
+window.addEventListener('resize', function () { clearTimeout(wsbookTimer); wsbookTimer = setTimeout(wsbookFit, 150); });
+"""
+
+
 class BookRenderer(MimetypeRenderer):
     """Emit both plotly's JSON MIME type (JupyterLab draws it) and a self-contained HTML div
-    (the book draws it with the ``Plotly`` global; no require.js, no CDN)."""
+    (the book draws it with the ``Plotly`` global; no require.js, no CDN).
+
+    The HTML figure is responsive: it follows the width of its column, stacks side-by-side panels into
+    one column below :data:`NARROW_PX` (:func:`narrow_relayout`), and keeps its legend below the plot.
+    """
 
     def to_mimebundle(self, fig_dict):
         fig_json = json.loads(pio.to_json(fig_dict, validate=False, remove_uids=False))
+        narrow = narrow_relayout(fig_json)
+        script = (_FIT_JS.replace("{narrow_px}", str(NARROW_PX))
+                  .replace("{narrow}", json.dumps(narrow) if narrow else "null"))
         html = pio.to_html(fig_dict, include_plotlyjs=False, include_mathjax=False, full_html=False,
-                           validate=False, config={"displaylogo": False, "responsive": True})
+                           validate=False, config={"displaylogo": False, "responsive": True},
+                           post_script=script)
         return {"application/vnd.plotly.v1+json": {"data": fig_json.get("data", []),
                                                     "layout": fig_json.get("layout", {}),
                                                     "config": {"displaylogo": False}},
@@ -109,6 +269,13 @@ def setup() -> None:
                                   y=0.0, yanchor="bottom", x=0.0, xanchor="left")
     template.layout.margin = dict(l=60, r=20, t=70, b=110)
     template.layout.title = dict(y=0.97, yanchor="top", x=0.0, xanchor="left")
+    # Hover labels with a few significant digits and no SI prefixes, on every kind of axis.
+    for axis in ("xaxis", "yaxis"):
+        template.layout[axis].hoverformat = HOVER_FORMAT
+    for axis in ("xaxis", "yaxis", "zaxis"):
+        template.layout.scene[axis].hoverformat = HOVER_FORMAT
+    for kind in ("heatmap", "contour", "histogram2d", "histogram2dcontour"):
+        template.data[kind] = [{"zhoverformat": HOVER_FORMAT}]
     pio.templates[TEMPLATE] = template
     pio.templates.default = TEMPLATE
     pio.renderers[TEMPLATE] = BookRenderer()
