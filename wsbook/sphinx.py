@@ -8,11 +8,28 @@ of the pages that draw a figure, and only those (about 4.6 MB that a page withou
 
 The build stamp is available to every page as the MyST substitutions ``{{ wsbook_version }}``,
 ``{{ build_date }}`` and ``{{ build_scale }}``, and is shown in the footer of every page.
+
+Every chapter page (``chapters/*``) opens with a "Run this chapter" box: how to open it in JupyterLab, at
+which scale, how to precompute what it reads, and its run time at ``ci`` and ``default`` as measured and
+recorded in one data file, ``book/chapter_times.csv`` (columns ``chapter, scale, seconds, machine,
+date``); the chapters themselves carry no numbers.
 """
 from __future__ import annotations
 
+import csv
 import shutil
 from pathlib import Path
+
+from docutils import nodes
+
+#: The measured run times of the chapters, relative to the book's root.
+CHAPTER_TIMES = "book/chapter_times.csv"
+TIME_COLUMNS = ("chapter", "scale", "seconds", "machine", "date")
+#: Scales whose run time every chapter box reports ("not measured" when the file has no number).
+BOX_SCALES = ("ci", "default")
+#: The chapters whose artifacts ``python -m wsbook chapter/<prefix>`` computes ahead (the groups of
+#: ``wsbook.cli.groups``; a test keeps the two in step, the ground floor cannot import the CLI).
+PRECOMPUTE_GROUPS = ("chapter/08", "chapter/08b", "chapter/08c")
 
 
 def _plotly_js() -> Path:
@@ -135,8 +152,99 @@ def _author_year_styles() -> None:
             pass
 
 
+def read_chapter_times(path: Path) -> dict[str, dict[str, dict[str, str | float | None]]]:
+    """``{chapter: {scale: {"seconds", "machine", "date"}}}`` from the run-time file; ``seconds`` is
+    ``None`` where the file leaves it blank (not measured). A malformed file is an error."""
+    with open(path, newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        if tuple(reader.fieldnames or ()) != TIME_COLUMNS:
+            raise ValueError(f"{path}: columns must be {', '.join(TIME_COLUMNS)}; got {reader.fieldnames}")
+        out: dict[str, dict[str, dict]] = {}
+        for line, row in enumerate(reader, start=2):
+            chapter, scale = row["chapter"].strip(), row["scale"].strip()
+            if scale not in ("ci", "default", "full"):
+                raise ValueError(f"{path}:{line}: unknown scale {scale!r}")
+            if scale in out.setdefault(chapter, {}):
+                raise ValueError(f"{path}:{line}: {chapter} at {scale} is listed twice")
+            text = row["seconds"].strip()
+            seconds = float(text) if text else None
+            if seconds is not None and not seconds > 0:
+                raise ValueError(f"{path}:{line}: seconds must be positive; got {text}")
+            out[chapter][scale] = {"seconds": seconds, "machine": row["machine"].strip(),
+                                   "date": row["date"].strip()}
+    return out
+
+
+def format_duration(seconds: float | None) -> str:
+    """``42 s``, ``6 min``, ``1 h 15 min``; ``not measured`` for ``None``."""
+    if seconds is None:
+        return "not measured"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def precompute_group(chapter: str) -> str | None:
+    """The ``python -m wsbook`` group that computes a chapter's artifacts ahead, if it has one
+    (``08b_mnist`` -> ``chapter/08b``)."""
+    group = f"chapter/{chapter.split('_')[0]}"
+    return group if group in PRECOMPUTE_GROUPS else None
+
+
+def run_box(chapter: str, times: dict[str, dict[str, dict]], build_scale: str) -> nodes.admonition:
+    """The "Run this chapter" box of chapter ``chapter`` (a file stem such as ``07_method``)."""
+
+    def para(*parts) -> nodes.paragraph:
+        out = nodes.paragraph()
+        for part in parts:
+            out += nodes.literal(part[1:-1], part[1:-1]) if part.startswith("`") else nodes.Text(part)
+        return out
+
+    box = nodes.admonition(classes=["tip", "wsbook-run"])
+    box += nodes.title("", "Run this chapter")
+    box += para("In JupyterLab: ", "`make lab`", " opens ", "`chapters/`", "; double-click ",
+                f"`{chapter}.md`", " and it opens as a notebook. The scale is read when the kernel starts: ",
+                "`WSBOOK_SCALE=ci make lab`", " (tiny, for the tests), ", "`default`",
+                " (this book) or ", "`full`", f" (a GPU server). This page was built at ", f"`{build_scale}`",
+                ".")
+    group = precompute_group(chapter)
+    if group:
+        box += para("Precompute what it reads (zoos, posteriors, flows) into the cache first: ",
+                    f"`python -m wsbook {group} --scale full`", " (or under ", "`torchrun`",
+                    "); ", "`python -m wsbook --list`", " shows what is cached.")
+    measured = times.get(chapter, {})
+    items = nodes.bullet_list()
+    for scale in BOX_SCALES:
+        entry = measured.get(scale) or {"seconds": None, "machine": "", "date": ""}
+        where = ", ".join(v for v in (entry["machine"], entry["date"]) if v)
+        item = para(f"`{scale}`", f": {format_duration(entry['seconds'])}" + (f" ({where})" if where else ""))
+        items += nodes.list_item("", item)
+    box += para("Run time, measured (",
+                "`book/chapter_times.csv`", "):")
+    box += items
+    return box
+
+
+def _chapter_box(app, doctree) -> None:
+    docname = app.env.docname
+    if not docname.startswith("chapters/"):
+        return
+    path = Path(app.srcdir) / CHAPTER_TIMES
+    app.env.note_dependency(str(path))   # a new measurement rebuilds the pages
+    times = read_chapter_times(path)
+    section = next(iter(doctree.findall(nodes.section)), None)
+    if section is None:
+        return
+    at = 1 if section.children and isinstance(section[0], nodes.title) else 0
+    import wsbook
+
+    section.insert(at, run_box(docname.split("/", 1)[1], times, wsbook.scale()))
+
+
 def setup(app):
     _author_year_styles()
+    app.connect("doctree-read", _chapter_box)
     # Keep plotly from reconfiguring the page's MathJax (it only needs MathJax for LaTeX labels); both
     # scripts are added per page in _page_context.
     app.connect("config-inited", _stamp)

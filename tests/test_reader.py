@@ -1,0 +1,133 @@
+"""What a reader meets besides the chapters' content (issue 11): the "Run this chapter" box and its one
+file of measured run times (wsbook/sphinx.py), and the figures' phone-width reflow and hover number
+format (wsbook/figures/style.py). The browser gate checks the same in the built pages."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ------------------------------------------------------------------ run-time box
+def test_every_chapter_has_a_measured_ci_time_and_a_default_row():
+    from gates import toc_files
+
+    from wsbook import sphinx
+
+    times = sphinx.read_chapter_times(ROOT / sphinx.CHAPTER_TIMES)
+    chapters = [p.stem for p in toc_files()]
+    assert chapters, "no chapters in _toc.yml"
+    missing = [c for c in chapters if (times.get(c, {}).get("ci") or {}).get("seconds") is None]
+    assert not missing, f"no measured ci run time in {sphinx.CHAPTER_TIMES} for {missing}"
+    assert not [c for c in chapters if "default" not in times.get(c, {})], "a chapter has no default row"
+    stale = sorted(set(times) - set(chapters))
+    assert not stale, f"{sphinx.CHAPTER_TIMES} lists chapters that are not in _toc.yml: {stale}"
+    for chapter, scales in times.items():
+        for scale, entry in scales.items():
+            if entry["seconds"] is not None:
+                assert entry["machine"] and entry["date"], f"{chapter} at {scale}: where and when measured?"
+
+
+def test_precompute_groups_are_the_clis_chapter_groups():
+    from wsbook import cli, sphinx
+
+    assert set(sphinx.PRECOMPUTE_GROUPS) == {g for g in cli.groups() if g.startswith("chapter/")}
+    assert sphinx.precompute_group("08b_mnist") == "chapter/08b"
+    assert sphinx.precompute_group("08_results") == "chapter/08"
+    assert sphinx.precompute_group("03_flow_matching") is None
+
+
+def test_durations_read_naturally():
+    from wsbook.sphinx import format_duration
+
+    assert format_duration(23.4) == "23 s"
+    assert format_duration(1130) == "19 min"
+    assert format_duration(4500) == "1 h 15 min"
+    assert format_duration(None) == "not measured"
+
+
+def test_malformed_time_files_are_errors(tmp_path):
+    from wsbook.sphinx import read_chapter_times
+
+    bad = tmp_path / "t.csv"
+    bad.write_text("chapter,seconds\n01,3\n")
+    with pytest.raises(ValueError, match="columns"):
+        read_chapter_times(bad)
+    bad.write_text("chapter,scale,seconds,machine,date\n01,ci,3,m,d\n01,ci,4,m,d\n")
+    with pytest.raises(ValueError, match="twice"):
+        read_chapter_times(bad)
+    bad.write_text("chapter,scale,seconds,machine,date\n01,huge,3,m,d\n")
+    with pytest.raises(ValueError, match="scale"):
+        read_chapter_times(bad)
+
+
+def test_run_box_says_how_and_how_long():
+    from wsbook.sphinx import run_box
+
+    times = {"08b_mnist": {"ci": {"seconds": 61.0, "machine": "2 cores", "date": "2026-11-23"},
+                           "default": {"seconds": None, "machine": "", "date": ""}}}
+    text = run_box("08b_mnist", times, "ci").astext()
+    for needle in ("make lab", "08b_mnist.md", "WSBOOK_SCALE=ci", "python -m wsbook chapter/08b --scale full",
+                   "61 s (2 cores, 2026-11-23)", "not measured"):
+        assert needle in text, f"{needle!r} missing from the box:\n{text}"
+    assert "python -m wsbook chapter" not in run_box("03_flow_matching", {}, "ci").astext()
+
+
+# ------------------------------------------------------------------ figures at phone width
+@pytest.fixture
+def book_style():
+    import plotly.io as pio
+
+    from wsbook import figures
+
+    before = (pio.templates.default, pio.renderers.default)
+    figures.setup()
+    yield
+    pio.templates.default, pio.renderers.default = before
+
+
+def test_hover_values_are_formatted(book_style):
+    import numpy as np
+    import plotly.io as pio
+
+    from wsbook import figures
+
+    layout = pio.templates[figures.TEMPLATE].layout
+    assert layout.xaxis.hoverformat == layout.yaxis.hoverformat == figures.style.HOVER_FORMAT
+    assert layout.scene.zaxis.hoverformat == figures.style.HOVER_FORMAT
+    grid = figures.heatmap_grid({"a": np.ones((2, 2))}, np.arange(2), np.arange(2))
+    assert grid.layout.template.data.heatmap[0].zhoverformat == figures.style.HOVER_FORMAT
+    # the figure as the page gets it carries the format
+    html = figures.BookRenderer().to_mimebundle(grid.to_dict())["text/html"]
+    assert f'"hoverformat":"{figures.style.HOVER_FORMAT}"' in html
+
+
+def test_panel_grids_stack_into_one_column(book_style):
+    import numpy as np
+
+    from wsbook import figures
+    from wsbook.figures.style import narrow_relayout
+
+    z = {name: np.ones((3, 3)) for name in ("hmc", "vi", "ensemble", "sgld", "laplace")}
+    fig = figures.heatmap_grid(z, np.arange(3), np.arange(3), cols=3)
+    fig.update_yaxes(title_text="x<sub>2</sub>", col=1)
+    reflow = narrow_relayout(json.loads(fig.to_json()))
+    on, off = reflow["on"], reflow["off"]
+    # five drawn panels in one column, top to bottom in reading order; the sixth, empty, hidden
+    tops = [on[f"yaxis{k if k > 1 else ''}.domain"][1] for k in range(1, 6)]
+    assert tops == sorted(tops, reverse=True) and tops[0] == 1.0
+    assert all(on[f"xaxis{k if k > 1 else ''}.domain"] == [0, 1] for k in range(1, 6))
+    assert on["xaxis6.visible"] is False and on["yaxis6.visible"] is False
+    # subplot titles move with their panels; panels of the second column get the row's y-axis title
+    assert on["annotations[1].x"] == 0.5 and on["annotations[1].y"] == tops[1]
+    assert on["yaxis2.title.text"] == "x<sub>2</sub>"
+    assert on["height"] > fig.layout.height and off["height"] == fig.layout.height
+    assert set(on) <= set(off), "every narrow change has its wide value to go back to"
+    # one column already: nothing to reflow
+    assert narrow_relayout(json.loads(figures.curves_with_bands([0, 1], {"hmc": ([0, 1],)}).to_json())) is None
+    # the page runs the reflow and the legend fit after drawing the figure
+    html = figures.BookRenderer().to_mimebundle(fig.to_dict())["text/html"]
+    assert "wsbookFit" in html and '"yaxis2.title.text"' in html
