@@ -128,6 +128,14 @@ def test_panel_grids_stack_into_one_column(book_style):
     assert set(on) <= set(off), "every narrow change has its wide value to go back to"
     # one column already: nothing to reflow
     assert narrow_relayout(json.loads(figures.curves_with_bands([0, 1], {"hmc": ([0, 1],)}).to_json())) is None
+    # a long title wraps on a narrow screen, with room above the plot; a short one is left alone
+    long = figures.curves_with_bands([0, 1], {"hmc": ([0, 1],)}, title="Predictive mean and two standard "
+                                     "deviations of every method")
+    wrapped = narrow_relayout(json.loads(long.to_json()))
+    assert wrapped["on"]["title.text"].count("<br>") == 1 and wrapped["off"]["title.text"] == long.layout.title.text
+    assert wrapped["on"]["margin.t"] > 70 and wrapped["on"]["height"] > 450
+    assert narrow_relayout(json.loads(figures.curves_with_bands([0, 1], {"hmc": ([0, 1],)},
+                                                                title="Short").to_json())) is None
     # the page runs the reflow and the legend fit after drawing the figure
     html = figures.BookRenderer().to_mimebundle(fig.to_dict())["text/html"]
     assert "wsbookFit" in html and '"yaxis2.title.text"' in html

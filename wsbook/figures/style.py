@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import textwrap
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -89,6 +90,10 @@ HOVER_FORMAT = ".4~g"
 # Panel heights and the gap between stacked panels (subplot title, tick labels, axis title), in pixels.
 _STACKED_PANEL_PX = {"xy": 260, "scene": 360}
 _STACKED_GAP_PX = 80
+# Characters of a figure title per line, and the height of a line, on a narrow screen.
+_NARROW_TITLE_CHARS = 34
+_TITLE_LINE_PX = 24
+_PLOTLY_HEIGHT = 450   # plotly's height of a figure that sets none
 
 
 def _dom(values) -> tuple[float, float]:
@@ -104,14 +109,14 @@ def _margin(layout: Mapping, side: str, default: int) -> int:
 
 
 def narrow_relayout(figure: Mapping) -> dict | None:
-    """How a figure with side-by-side panels reflows on a narrow screen: a ``Plotly.relayout`` update that
-    stacks every panel that draws something (cartesian subplot or 3-D scene) into one column, top to
-    bottom and left to right, hides the empty ones, moves the subplot titles along, gives every panel its
-    tick labels and the axis titles of its row and column, and sets a height that keeps each panel
-    readable.
+    """How a figure reflows on a narrow screen: a ``Plotly.relayout`` update that wraps a long title, and
+    for side-by-side panels stacks every panel that draws something (cartesian subplot or 3-D scene) into
+    one column, top to bottom and left to right, hides the empty ones, moves the subplot titles along,
+    gives every panel its tick labels and the axis titles of its row and column, and sets a height that
+    keeps each panel readable.
 
     Returns ``{"on": update, "off": update}`` (``off`` restores the wide layout) or ``None`` when the
-    figure has a single column of panels. :class:`BookRenderer` applies it in the page below
+    figure has a single column of panels and a short title. :class:`BookRenderer` applies it in the page below
     :data:`NARROW_PX`.
 
     Args:
@@ -134,14 +139,30 @@ def narrow_relayout(figure: Mapping) -> dict | None:
         elif re.fullmatch(r"scene\d*", key) and isinstance(ax.get("domain"), Mapping):
             dom = ax["domain"]
             panels.append(("scene", key, None, _dom(dom.get("x", (0, 1))), _dom(dom.get("y", (0, 1)))))
-    if len({p[3] for p in panels}) < 2:
+    title = layout.get("title") if isinstance(layout.get("title"), Mapping) else {"text": layout.get("title")}
+    text = str(title.get("text") or "")
+    wrapped = text if "<br>" in text else "<br>".join(textwrap.wrap(text, _NARROW_TITLE_CHARS))
+    grid = len({p[3] for p in panels}) >= 2
+    if not grid and wrapped == text:
         return None
     on: dict = {}
-    off: dict = {"height": layout.get("height")}
+    # back to the wide layout with an explicit height: plotly's autosize would keep the narrow one
+    off: dict = {"height": layout.get("height") or _PLOTLY_HEIGHT}
 
     def put(attr: str, value, original) -> None:
         on[attr] = value
         off[attr] = original
+
+    # a long title wraps (plotly never does) and the top margin makes room for its new lines
+    extra_top = _TITLE_LINE_PX * (wrapped.count("<br>") - text.count("<br>"))
+    top = _margin(layout, "t", 70) + extra_top
+    if wrapped != text:
+        put("title.text", wrapped, text)
+        put("margin.t", top, (layout.get("margin") or {}).get("t"))
+    if not grid:
+        on["height"] = int(layout.get("height") or _PLOTLY_HEIGHT) + extra_top
+        put("title.y", round(1 - 12 / on["height"], 4), title.get("y"))
+        return {"on": on, "off": off}
 
     def drawn(panel) -> bool:
         return ("x" + panel[1][5:] if panel[0] == "xy" else panel[1]) in used_axes
@@ -151,10 +172,12 @@ def narrow_relayout(figure: Mapping) -> dict | None:
             put(f"{key}.visible", False, layout[key].get("visible"))
         put(f"{ykey}.domain" if ykey else f"{xkey}.domain.y", [0, 0.001], list(ydom))
     panels = sorted((p for p in panels if drawn(p)), key=lambda p: (-p[4][1], p[3][0]))
-    top, bottom = _margin(layout, "t", 70), _margin(layout, "b", 110)
+    bottom = _margin(layout, "b", 110)
     heights = [_STACKED_PANEL_PX[p[0]] for p in panels]
     area = sum(heights) + _STACKED_GAP_PX * (len(panels) - 1)
     on["height"] = top + bottom + area
+    if text:   # the title keeps its distance from the top edge of a much taller figure
+        put("title.y", round(1 - 12 / on["height"], 4), title.get("y"))
 
     def axis_title(ax: Mapping) -> str | None:
         title = ax.get("title")
