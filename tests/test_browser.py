@@ -7,6 +7,9 @@ figure has axis titles and a numbered caption, no code cell is wider than the pa
 stray plain-text result (``True``, ``16``), the executed ``.ipynb`` download link works, and plotly.js is
 loaded only by pages that draw a figure. The HTML directory comes from ``WSBOOK_HTML_DIR`` (set by
 ``tests/gates.py``).
+
+Also at phone width (400 px): no page scrolls sideways, panel grids are stacked, legends sit below the
+plot and hover labels are formatted; and a chapter opens as a notebook in this environment's JupyterLab.
 """
 from __future__ import annotations
 
@@ -14,8 +17,14 @@ import functools
 import http.server
 import os
 import re
+import secrets
 import shutil
+import socket
+import subprocess
+import sys
 import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -111,6 +120,7 @@ def test_chapter_page_reads_cleanly(server, browser, page):
     stray = tab.evaluate("Array.from(document.querySelectorAll('.cell_output .output.text_plain'))"
                          ".map(el => el.innerText.trim().slice(0, 60))")
     links = tab.evaluate("Array.from(document.querySelectorAll('a[href$=\".ipynb\"]')).map(a => a.href)")
+    run_box = tab.evaluate("Array.from(document.querySelectorAll('.wsbook-run')).map(el => el.innerText)")
     context.close()
     problems = [f"figure {f['index']} ({f['title'][:50]!r}): no {'/'.join(f['missing'])}-axis title"
                 for f in figures if f["missing"]]
@@ -118,6 +128,10 @@ def test_chapter_page_reads_cleanly(server, browser, page):
                  if not f["caption"]]
     problems += [f"code cell wider than the page: {line!r}" for line in wide]
     problems += [f"stray output: {text!r}" for text in stray]
+    if len(run_box) != 1:
+        problems.append(f"{len(run_box)} 'Run this chapter' boxes on the page (expected one)")
+    elif not re.search(r"\bci: \d+ (s|min)", run_box[0]) or "make lab" not in run_box[0]:
+        problems.append(f"the 'Run this chapter' box lacks the command or the measured ci time: {run_box[0]!r}")
     assert links, "no .ipynb download link on the page"
     with urllib.request.urlopen(links[0]) as response:
         notebook = json.loads(response.read())
@@ -177,3 +191,137 @@ def test_page_renders(server, browser, page):
         assert rendered >= n_figures, f"{n_figures} plotly figures in the page, {rendered} rendered"
     if has_math:
         assert typeset > 0, "the page has math but MathJax typeset nothing"
+
+
+# At phone width: how far the page scrolls sideways, and for every figure whether its legend (the book's
+# default: horizontal, below the plot) clears the plot areas and x-axis titles, whether it stays inside
+# the figure and the page, and whether the numeric axes format their hover labels.
+PHONE_CHECK = """
+() => ({scroll: document.scrollingElement.scrollWidth, width: window.innerWidth,
+  figures: Array.from(document.querySelectorAll('.js-plotly-plot')).map((gd, i) => {
+    const L = gd._fullLayout || {}, box = gd.getBoundingClientRect();
+    const legend = gd.querySelector('g.legend');
+    const below = Array.from(gd.querySelectorAll('.nsewdrag'))
+      .concat(Array.from(gd.querySelectorAll('text')).filter(t => /^x[0-9]*title$/.test(t.getAttribute('class'))))
+      .map(e => e.getBoundingClientRect().bottom);
+    const axes = Object.keys(L).filter(k => /^[xy]axis[0-9]*$/.test(k) && L[k] && L[k].visible !== false
+                                            && ['linear', 'log'].includes(L[k].type));
+    const ownLegend = !!(legend && L.showlegend && L.legend && L.legend.orientation === 'h'
+                         && L.legend.yref === 'container');
+    const lb = legend ? legend.getBoundingClientRect() : null;
+    return {index: i, title: (L.title && L.title.text) || '', right: box.right, bottom: box.bottom,
+            legend: ownLegend ? {top: lb.top, bottom: lb.bottom, right: lb.right} : null,
+            plotBottom: below.length ? Math.max(...below) : null,
+            unformatted: axes.filter(k => !L[k].hoverformat)};
+  })})
+"""
+
+
+@pytest.mark.parametrize("page", chapter_pages(), ids=lambda p: p.name)
+def test_chapter_page_at_phone_width(server, browser, page):
+    """Issue 11: at 400 px the page does not scroll sideways, figures fit, legends sit below the plot
+    (never over it, never cut off) and hover labels are formatted (no ``10.83285p``)."""
+    context = browser.new_context(viewport={"width": 400, "height": 850}, device_scale_factor=1)
+    tab = context.new_page()
+    tab.goto(f"{server}/{page.relative_to(HTML).as_posix()}", wait_until="load")
+    n_figures = page.read_text().count("Plotly.newPlot")
+    if n_figures:
+        tab.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}",
+                              timeout=60_000)
+        tab.wait_for_timeout(500)   # the reflow and legend fit are relayouts after the first draw
+    found = tab.evaluate(PHONE_CHECK)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    tab.screenshot(path=str(SHOTS / f"phone__{page.name}.png"), full_page=True)
+    context.close()
+    problems = []
+    if found["scroll"] > found["width"] + 1:
+        problems.append(f"the page scrolls sideways: {found['scroll']} px wide at {found['width']} px")
+    for f in found["figures"]:
+        name = f"figure {f['index']} ({f['title'][:50]!r})"
+        if f["right"] > found["width"] + 1:
+            problems.append(f"{name} is wider than the screen (right edge at {f['right']:.0f} px)")
+        legend = f["legend"]
+        if legend and f["plotBottom"] is not None and legend["top"] < f["plotBottom"] - 1:
+            problems.append(f"{name}: the legend (top {legend['top']:.0f}) overlaps the plot or its x-axis title "
+                            f"(bottom {f['plotBottom']:.0f})")
+        if legend and legend["bottom"] > f["bottom"] + 1:
+            problems.append(f"{name}: the legend is cut off at the bottom of the figure")
+        if f["unformatted"]:
+            problems.append(f"{name}: no hover number format on {f['unformatted']}")
+    assert n_figures == 0 or found["figures"], "the page draws figures but none was found"
+    assert not problems, "\n".join(problems)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_chapter_opens_as_notebook_in_jupyterlab(browser, tmp_path):
+    """Issue 11: in JupyterLab from this environment (``make lab``) a chapter's ``.md`` opens as a
+    notebook (jupytext is the default viewer, book/jupyterlab-overrides.json installed by ``make install``)."""
+    lab = Path(sys.executable).parent / "jupyter-lab"
+    assert lab.exists(), f"no jupyter-lab next to {sys.executable}"
+    chapter = "03_flow_matching.md"
+    assert (ROOT / "chapters" / chapter).exists()
+    token, port = secrets.token_hex(16), _free_port()
+    # a private Jupyter home: the user's own settings and workspaces must not decide the viewer
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_DATA_DIR=str(tmp_path / "data"),
+               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"), WSBOOK_PROGRESS="0")
+    # every cell in the page (no windowing), so that all of the chapter's code cells can be counted
+    tracker = tmp_path / "settings" / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
+    tracker.parent.mkdir(parents=True)
+    tracker.write_text('{"windowingMode": "none"}')
+    n_code = (ROOT / "chapters" / chapter).read_text().count("```{code-cell}")
+    log = open(tmp_path / "lab.log", "w")
+    server = subprocess.Popen(
+        [str(lab), "--no-browser", "--ip=127.0.0.1", f"--port={port}", f"--IdentityProvider.token={token}",
+         f"--ServerApp.root_dir={ROOT / 'chapters'}", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+         *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 40
+        while True:
+            assert server.poll() is None, f"jupyter lab exited:\n{(tmp_path / 'lab.log').read_text()[-2000:]}"
+            try:
+                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"jupyter lab did not start:\n{(tmp_path / 'lab.log').read_text()[-2000:]}"
+            time.sleep(0.5)
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        tab = context.new_page()
+        tab.goto(f"{base}/lab/tree/{chapter}?token={token}", wait_until="load")
+        try:
+            tab.wait_for_function(f"document.querySelectorAll('.jp-NotebookPanel .jp-Notebook .jp-CodeCell')"
+                                  f".length >= {n_code}", timeout=45_000)
+        except Exception:
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            tab.screenshot(path=str(SHOTS / "jupyterlab__failed.png"))
+            editors = tab.evaluate("document.querySelectorAll('.jp-FileEditor').length")
+            pytest.fail(f"{chapter} did not open as a notebook in JupyterLab ({editors} text editors open; "
+                        "is .venv/share/jupyter/lab/settings/overrides.json installed?)")
+        opened = tab.evaluate("""() => ({code: document.querySelectorAll('.jp-Notebook .jp-CodeCell').length,
+            markdown: document.querySelectorAll('.jp-Notebook .jp-MarkdownCell').length,
+            tab: Array.from(document.querySelectorAll('.lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel'))
+                 .map(el => el.textContent)})""")
+        context.close()
+        assert opened["code"] == n_code and opened["markdown"] >= 1, (n_code, opened)
+        assert chapter in opened["tab"], f"the current tab is {opened['tab']}, not {chapter}"
+    finally:
+        try:
+            urllib.request.urlopen(urllib.request.Request(f"{base}/api/shutdown?token={token}", method="POST"),
+                                   timeout=5).close()
+        except OSError:
+            pass
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, 9)
+            server.wait()
+        log.close()
