@@ -63,7 +63,7 @@ bench: $(BENCH_STAMP)
 	$(PY) benchmarks/run_all.py
 
 lab: install
-	$(VENV)/bin/jupyter lab chapters
+	$(VENV)/bin/jupyter lab chapters $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 clean:
 	rm -rf _build notebooks
