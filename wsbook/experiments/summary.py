@@ -16,7 +16,7 @@ from wsbook.experiments import mnist_flows as mf
 
 #: the rows the discussion compares on each task: the target, the plain baseline and the book's GNN flows
 BREAST_CANCER_ROWS = ("plain baseline", "euclidean_aligned_ot", "geometric_aligned_ot")
-MNIST_ROWS = ("plain_baseline", "euclidean_aligned_ot", "geometric_aligned_ot")
+MNIST_ROWS = ("plain_baseline", "euclidean_aligned_ot", "geometric_aligned_ot", mf.TRANSFER)
 
 
 def breast_cancer_sizes() -> tuple[int, int]:
