@@ -61,10 +61,9 @@ def artifacts() -> dict[str, Artifact]:
                                 "(chapters 8, 8c)",
                                 lambda task=task, seed=seed: targets.hmc_reference(task, seed)))
     for method in ("sgld", "sghmc", "vi", "laplace", "ensemble"):
-        # as chapter 8's n_methods (and chapter 2's n_samples): networks per method
         out.append(Artifact(f"posterior/breast_cancer/{method}", f"{method} posterior samples (chapters 2, 8)",
                             lambda method=method: tasks.posterior_run(
-                                "breast_cancer", method, config.by_scale(ci=32, default=128, full=512))))
+                                "breast_cancer", method, tasks.posterior_sample_size())))
 
     def bc_flow(cfg_of: Callable[[], Any]) -> Callable[[], Any]:
         def run():

@@ -11,7 +11,7 @@ import torch
 
 from wsbook import config, data
 from wsbook.bayes import distances
-from wsbook.experiments import flows
+from wsbook.experiments import flows, tasks
 from wsbook.experiments import mnist_flows as mf
 
 #: the rows the discussion compares on each task: the target, the plain baseline and the book's GNN flows
@@ -70,7 +70,7 @@ def posterior_headline(task: str = "breast_cancer") -> pd.DataFrame:
     """
     from wsbook.experiments import posterior_flows as pf
 
-    n = config.by_scale(ci=32, default=128, full=512)          # networks per method, as on chapter 8c
+    n = tasks.posterior_sample_size()
     gen = config.generator()
     rows = {f"{chart} flow": (pf.sample_flow(pf.posterior_flow(task, chart)[0], n, gen)[0],
                               pf.posterior_flow(task, chart)[1]) for chart in pf.CHARTS}

@@ -201,6 +201,12 @@ def _run(t: Task, method: str, n: int, seed: int) -> dict:
     return out
 
 
+def posterior_sample_size() -> int:
+    """Networks kept per posterior method at the current scale: one number for chapters 2, 8 and 8c and
+    the command line, so they all read the same cached :func:`posterior_run` entries."""
+    return config.by_scale(ci=32, default=128, full=512)
+
+
 @cached("posterior/run", version=4)   # 3: sgd_trajectory rows draw-major, like every other method
 def posterior_run(task: str, method: str, n: int, seed: int = 0) -> dict:
     """Run ``method`` on ``task`` and keep ``n`` posterior samples (cached).

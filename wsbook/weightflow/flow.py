@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from wsbook import config
+from wsbook import config, distributed
 from wsbook.flows import GeodesicPath, LinearPath, LikelihoodResult, ODEResult, log_likelihood, make_coupling, solve_ode
 from wsbook.loop import EMA, Minibatches, descend, make_optimizer
 from wsbook.manifolds import Euclidean
@@ -218,8 +218,6 @@ class WeightFlow:
                 the field on its own block of the batch, and the gradients are averaged, so the step is
                 the single-process step on ``batch_size`` networks. ``None``: whenever a process group runs.
         """
-        from wsbook import distributed
-
         with torch.no_grad():
             points = self.chart.to_points(networks)
         self.set_scale(points)
