@@ -31,6 +31,19 @@ def test_seeding_is_reproducible():
     assert torch.equal(a, torch.randn(4))
 
 
+
+def test_seeded_block_ignores_and_restores_the_global_generator():
+    inits = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)
+        with config.seeded(7):
+            inits.append(torch.nn.Linear(3, 2).weight.detach().clone())
+        after = torch.randn(3)
+        torch.manual_seed(global_seed)
+        assert torch.equal(after, torch.randn(3))   # the global stream continues as if nothing was drawn
+    assert torch.equal(inits[0], inits[1])
+
+
 def test_progress_quiet_under_ci(monkeypatch):
     monkeypatch.delenv("WSBOOK_PROGRESS", raising=False)
     monkeypatch.setenv("CI", "true")

@@ -5,9 +5,10 @@ Everything that depends on how big a run should be reads :func:`scale` (from the
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import random
-from typing import TypeVar
+from typing import Iterator, TypeVar
 
 import numpy as np
 import torch
@@ -60,6 +61,16 @@ def generator(offset: int = 0) -> torch.Generator:
 
 
 _ALLOCATOR_TUNED: bool | None = None
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Run the block with torch's global generator seeded to ``seed`` and restore its state afterwards.
+    For what draws from the global generator (``nn.Module`` initialisation) inside a cached computation:
+    the result must not depend on which chapter happened to compute it first."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
 
 
 def tune_allocator() -> bool:

@@ -226,10 +226,11 @@ class TrainedFlow:
         return self.config.name
 
 
-@cached("flows/trained", version=3)   # 3: anchored GNN fields
+@cached("flows/trained", version=4)   # 4: the field's initialisation seeded
 def _train_flow(zoo_name: str, n_holdout: int | None, split_seed: int, cfg: FlowConfig, seed: int) -> dict:
     split = zoo_split(zoo_name, n_holdout, split_seed)
-    flow = build_flow(split, cfg)
+    with config.seeded(seed):
+        flow = build_flow(split, cfg)
     fit = flow.fit(split.train.theta.cpu(), steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
                    ema_decay=cfg.ema_decay, generator=torch.Generator().manual_seed(seed), desc=f"flow {cfg.name}")
     return {"state": flow.state_dict(), "seconds": fit.seconds, "losses": fit.losses}
@@ -250,7 +251,7 @@ def train_flow(zoo_name: str, cfg: FlowConfig, *, n_holdout: int | None = None, 
 
 
 # -------------------------------------------------------------------------------------------- sampling
-@cached("flows/samples", version=3)
+@cached("flows/samples", version=4)   # 4: from seeded fields
 def _sample_flow(zoo_name: str, n_holdout: int | None, split_seed: int, cfg: FlowConfig, seed: int, n: int,
                  steps: int, method: str, guidance: float, guidance_schedule: str, sample_seed: int) -> dict:
     trained = train_flow(zoo_name, cfg, n_holdout=n_holdout, split_seed=split_seed, seed=seed)

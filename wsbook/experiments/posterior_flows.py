@@ -95,14 +95,15 @@ def _field(spec, st: FlowSettings):
     raise ValueError(f"field must be 'flat' or 'gnn'; got {st.field!r}")
 
 
-@cached("flows/posterior", version=2)   # 2: EMA with warm-up
+@cached("flows/posterior", version=3)   # 3: the field's initialisation seeded
 def _train(task: str, chart: str, settings: FlowSettings, seed: int) -> dict:
     ref = targets.hmc_reference(task, seed=0)
     train = ref.theta
     gen = torch.Generator().manual_seed(1_000 + seed)
     start = time.perf_counter()
     ch = _chart(chart, task, train)
-    flow = WeightFlow(ch, _field(ref.spec, settings), coupling="ot")
+    with config.seeded(1_000 + seed):
+        flow = WeightFlow(ch, _field(ref.spec, settings), coupling="ot")
     fit = flow.fit(train, steps=settings.steps, batch_size=settings.batch_size, lr=settings.lr,
                    ema_decay=settings.ema_decay, generator=gen, desc=f"posterior flow {chart}")
     return {"state": flow.state_dict(), "seconds": time.perf_counter() - start, "losses": fit.losses}
@@ -219,7 +220,7 @@ def cost(flow_seconds: float, sample_seconds: float, n: int, task: str = "breast
 
 
 # ----------------------------------------------------------------------------- importance weights
-@cached("flows/posterior_is", version=2)
+@cached("flows/posterior_is", version=3)   # 3: from seeded fields
 def _importance(task: str, settings: FlowSettings, n: int, seed: int) -> dict:
     from wsbook.experiments.tasks import get_task
 
@@ -343,7 +344,7 @@ def _off_chart(spec, theta: Tensor, atol: float = 1e-6) -> Tensor:
     return dead
 
 
-@cached("flows/detection", version=4)
+@cached("flows/detection", version=5)   # 5: from seeded fields
 def _log_likelihoods(task: str, chart: str, settings: FlowSettings, sets: dict, seed: int) -> dict:
     flow, _ = posterior_flow(task, chart, seed=0)
     gen = torch.Generator().manual_seed(5_000 + seed)
