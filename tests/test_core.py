@@ -1,8 +1,10 @@
 """wsbook.config, wsbook.data and wsbook.cache, plus the install files agreeing with each other."""
+import random
 import re
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -94,6 +96,23 @@ def test_cache_roundtrip_and_key():
     assert calls == [3, 3], "a different argument is a different entry"
     assert _expensive.cache_path(3) != _expensive.cache_path(3, 3.0)
     assert _expensive.cache_path(3) == _expensive.cache_path(3, scale_by=2.0)
+
+
+@cache.cached("test/randomness", version=1)
+def _draws_randomness(n: int):
+    return torch.randn(n) + float(np.random.rand()) + random.random()
+
+
+def test_computing_a_cache_entry_draws_no_more_randomness_than_loading_it():
+    """A cold cache must leave the global streams where a warm one does: otherwise code after a cached
+    call (a chapter building a model) sees other random numbers the second time the chapter runs."""
+    after = []
+    for _ in ("cold", "warm"):
+        config.seed_everything(11)
+        _draws_randomness(5)
+        after.append((torch.randn(2), np.random.rand(), random.random()))
+    assert torch.equal(after[0][0], after[1][0])
+    assert after[0][1:] == after[1][1:]
 
 
 def test_cache_key_depends_on_scale(monkeypatch):

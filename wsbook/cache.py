@@ -240,7 +240,8 @@ def cached(name: str, version: int | str = 1) -> Callable[[Callable[..., Any]], 
                 hit, value = load_entry(key, name, description)
                 if distributed.all_agree(hit):      # under torchrun: all ranks load, or all compute
                     return _to_device(value, config.device())
-            value = fn(*args, **kwargs)
+            with config.isolated_rng():     # computing must draw no more randomness than loading
+                value = fn(*args, **kwargs)
             if enabled() and distributed.is_main():
                 save_entry(key, name, description, _to_device(value, torch.device("cpu")))
             distributed.barrier()

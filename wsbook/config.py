@@ -64,13 +64,43 @@ _ALLOCATOR_TUNED: bool | None = None
 
 
 @contextlib.contextmanager
+def isolated_rng() -> Iterator[None]:
+    """Run the block and then put back the global random states it may have drawn from (torch's CPU
+    and CUDA generators, NumPy's and Python's). The cache computes inside it, so whether an entry was
+    computed or loaded never shifts the random numbers that the code after it draws."""
+    numpy_state, python_state = np.random.get_state(), random.getstate()
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    try:
+        with torch.random.fork_rng(devices=cuda):
+            yield
+    finally:
+        np.random.set_state(numpy_state)
+        random.setstate(python_state)
+
+
+@contextlib.contextmanager
 def seeded(seed: int) -> Iterator[None]:
-    """Run the block with torch's global generator seeded to ``seed`` and restore its state afterwards.
-    For what draws from the global generator (``nn.Module`` initialisation) inside a cached computation:
-    the result must not depend on which chapter happened to compute it first."""
-    with torch.random.fork_rng(devices=[]):
+    """Run the block with torch's global generator seeded to ``seed`` and restore every global random
+    state afterwards. For what draws from the global generator (``nn.Module`` initialisation) inside a
+    cached computation: the result must not depend on which chapter happened to compute it first."""
+    with isolated_rng():
         torch.manual_seed(seed)
         yield
+
+
+def deterministic_kernels() -> bool:
+    """On the CPU, make torch pick its deterministic kernels (``torch.use_deterministic_algorithms``), so a
+    chapter gives the same numbers every time it runs on one machine. Without it, the multi-threaded
+    scatter-adds of message passing sum in a varying order, and training amplifies the last-bit
+    differences (chapter 6's learned aligner moved by 0.1 in barrier between two runs). On the CPU this
+    costs nothing measurable; on a GPU it is left off (it would need ``CUBLAS_WORKSPACE_CONFIG`` and slow
+    the kernels down). Returns whether it was turned on. A process-wide change: only
+    :func:`wsbook.experiments.setup_chapter` calls it.
+    """
+    if device().type != "cpu":
+        return False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    return True
 
 
 def tune_allocator() -> bool:

@@ -20,8 +20,9 @@ from wsbook import config
 
 def setup_chapter(seed: int = 0) -> torch.Generator:
     """The first cell of every chapter: the book's plotly template and renderer
-    (:func:`wsbook.figures.setup`), the allocator tuning (:func:`wsbook.config.tune_allocator`) and the
-    seeds (:func:`wsbook.config.seed_everything`). Returns the seeded generator.
+    (:func:`wsbook.figures.setup`), the allocator tuning (:func:`wsbook.config.tune_allocator`), torch's
+    deterministic kernels on the CPU (:func:`wsbook.config.deterministic_kernels`) and the seeds
+    (:func:`wsbook.config.seed_everything`). Returns the seeded generator.
 
     These are the only global changes the book makes, and it makes them here, explicitly: importing
     :mod:`wsbook` changes nothing.
@@ -30,6 +31,7 @@ def setup_chapter(seed: int = 0) -> torch.Generator:
 
     figures.setup()
     config.tune_allocator()
+    config.deterministic_kernels()
     return config.seed_everything(seed)
 
 
