@@ -76,6 +76,24 @@ def test_run_box_says_how_and_how_long():
     assert "python -m wsbook chapter" not in run_box("03_flow_matching", {}, "ci").astext()
 
 
+# ------------------------------------------------------------------ code that fits the page
+CODE_COLUMN = 84  # characters a code cell shows without a horizontal scroll bar in the book's layout
+
+
+def test_shown_code_fits_the_page():
+    """The browser gate measures this in the built pages; here it fails in seconds, on the source."""
+    import jupytext
+    from gates import toc_files
+
+    wide = []
+    for path in toc_files():
+        for cell in jupytext.read(path).cells:
+            if cell.cell_type != "code" or "remove-input" in cell.metadata.get("tags", []):
+                continue
+            wide += [f"{path.name}: {line}" for line in cell.source.splitlines() if len(line) > CODE_COLUMN]
+    assert not wide, "code lines wider than the page:\n" + "\n".join(wide)
+
+
 # ------------------------------------------------------------------ figures at phone width
 @pytest.fixture
 def book_style():
