@@ -40,3 +40,25 @@ def test_sample_flow_returns_networks_points_and_time():
     theta, points, seconds = pf.sample_flow(flow, 5, torch.Generator().manual_seed(0), steps=4)
     assert theta.shape == points.shape == (5, spec.n_params) and seconds >= 0
     assert torch.allclose(theta, points)          # the Euclidean chart without reference is the identity
+
+
+def test_gaussian_fits_match_the_draws_moments_and_keep_the_chains_apart(monkeypatch):
+    from types import SimpleNamespace
+
+    g = torch.Generator().manual_seed(0)
+    k, s, d = 3, 400, 5
+    centres = torch.tensor([[-10.0], [0.0], [10.0]]).expand(k, d)             # one mode per chain
+    scale = torch.tensor([1.0, 0.5, 0.2, 0.2, 0.1])
+    draws = centres[None] + scale * torch.randn(s, k, d, generator=g)          # [S, K, D]
+    fake = SimpleNamespace(theta=draws.reshape(-1, d), n_chains=k)             # draw-major rows
+    monkeypatch.setattr(pf.targets, "hmc_reference", lambda task, seed: fake)
+    fits = pf.gaussian_fits("any", 3000, torch.Generator().manual_seed(1))
+    one, mix = fits["gaussian fit"][0], fits["per-chain gaussians"][0]
+    assert one.shape == mix.shape == (3000, d)
+    assert torch.allclose(one.mean(0), fake.theta.mean(0), atol=0.5)
+    assert torch.allclose(one.std(0), fake.theta.std(0), rtol=0.1)
+    # the mixture puts a third of its draws near every chain's mode, none in between
+    nearest = (mix[:, :1] - centres[None, :, 0]).abs().argmin(1)
+    assert torch.bincount(nearest, minlength=k).tolist() == [1000, 1000, 1000]
+    assert torch.allclose(mix[nearest == 2].std(0), scale, rtol=0.1, atol=0.01)
+    assert (one[:, 0].abs() < 3).float().mean() > 0.2                           # one Gaussian fills the gaps

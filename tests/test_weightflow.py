@@ -196,6 +196,32 @@ def test_velocity_fit_learns_a_shift():
     assert abs(samples.mean().item() - 2.0) < 0.2
 
 
+class Zero(nn.Module):
+    def forward(self, t, x):
+        return torch.zeros_like(x)
+
+
+@pytest.mark.parametrize("kind", ["euclidean", "geometric"])
+def test_layer_weighted_loss_divides_each_layer_by_its_scale(kind):
+    chart = make_chart(kind, SPEC)
+    x1 = chart.to_points(zoo(16))
+    x0 = chart.sample_source(16, gen(3))
+    t = torch.rand(16, generator=gen(4))
+    flows = {w: WeightFlow(chart, Zero(), loss_weighting=w) for w in ("chart", "layer")}
+    for flow in flows.values():
+        flow.set_scale(x1)
+    # with a zero field the error is minus the path's velocity, in the point layout
+    _, ut = flows["chart"].path.sample(x0, x1, t.clamp(max=1 - 1e-3), generator=gen(5))
+    per_coord = flows["layer"]._scale(ut)
+    assert torch.allclose(flows["chart"].loss(x0, x1, t, generator=gen(5)), (ut * ut).mean())
+    weighted = ut / chart.unlayout(per_coord.unsqueeze(0))
+    assert torch.allclose(flows["layer"].loss(x0, x1, t, generator=gen(5)), (weighted * weighted).mean())
+    assert len(set(flows["layer"].layer_scale.tolist())) == SPEC.n_layers   # the layers' scales differ
+    assert flows["layer"].settings()["loss_weighting"] == "layer"
+    with pytest.raises(ValueError, match="loss_weighting"):
+        WeightFlow(chart, Zero(), loss_weighting="uniform")
+
+
 def test_state_dict_round_trip_and_cacheable(tmp_path, monkeypatch):
     chart = GeometricChart(SPEC, reference=zoo(1)[0])
     flow = WeightFlow(chart, gnn_field(SPEC, dim=8, n_layers=1), coupling="ot")

@@ -61,6 +61,7 @@ class FlowConfig:
             Euclidean chart as in the thesis, 1 on the last layer of the canonical charts).
         last_layer: ``"euclidean"`` (canonical networks compute exactly the function of their preimage) or
             ``"sphere"`` (the thesis's ``sqrt(C)`` last layer, which rescales the logits).
+        loss_weighting: ``"chart"`` or ``"layer"`` (see :class:`~wsbook.weightflow.WeightFlow`).
         dim, n_layers, heads: GNN size; hidden, depth: flat MLP size.
         steps, batch_size, lr, ema_decay: training.
     """
@@ -75,6 +76,7 @@ class FlowConfig:
     time_distribution: str = "uniform"
     sigma: float | None = None
     last_layer: str = "euclidean"
+    loss_weighting: str = "layer"
     dim: int = 16
     n_layers: int = 2
     heads: int = 1
@@ -208,7 +210,8 @@ def build_flow(split: ZooSplit, cfg: FlowConfig) -> WeightFlow:
     else:
         field = FlatField(spec, hidden=cfg.hidden, depth=cfg.depth)
     return WeightFlow(chart, field, coupling=cfg.coupling, align_pairs=cfg.align_pairs,
-                      parametrization=cfg.parametrization, time_distribution=cfg.time_distribution)
+                      parametrization=cfg.parametrization, time_distribution=cfg.time_distribution,
+                      loss_weighting=cfg.loss_weighting)
 
 
 # -------------------------------------------------------------------------------------------- training
@@ -226,7 +229,7 @@ class TrainedFlow:
         return self.config.name
 
 
-@cached("flows/trained", version=4)   # 4: the field's initialisation seeded
+@cached("flows/trained", version=5)   # 5: loss weighted per layer
 def _train_flow(zoo_name: str, n_holdout: int | None, split_seed: int, cfg: FlowConfig, seed: int) -> dict:
     split = zoo_split(zoo_name, n_holdout, split_seed)
     with config.seeded(seed):
@@ -251,7 +254,7 @@ def train_flow(zoo_name: str, cfg: FlowConfig, *, n_holdout: int | None = None, 
 
 
 # -------------------------------------------------------------------------------------------- sampling
-@cached("flows/samples", version=4)   # 4: from seeded fields
+@cached("flows/samples", version=5)   # 5: flows trained with the loss weighted per layer
 def _sample_flow(zoo_name: str, n_holdout: int | None, split_seed: int, cfg: FlowConfig, seed: int, n: int,
                  steps: int, method: str, guidance: float, guidance_schedule: str, sample_seed: int) -> dict:
     trained = train_flow(zoo_name, cfg, n_holdout=n_holdout, split_seed=split_seed, seed=seed)

@@ -7,6 +7,8 @@ independent run (seed 1), which it never saw:
 * :func:`posterior_flow`: a trained, cached :class:`~wsbook.weightflow.WeightFlow` on the Euclidean or the
   Geometric chart (sizes per scale in :func:`flow_settings`) and its training seconds.
 * :func:`sample_flow`: networks, chart points and sampling seconds.
+* :func:`gaussian_fits`: a full-covariance Gaussian fit of the HMC draws and a mixture of one per chain, the
+  yardsticks of what a density estimate of the draws must capture.
 * :func:`methods_table`: the results chapter's methods table (:func:`targets.methods_against_reference`)
   with the flows as extra rows, plus the distances to the held-out HMC run and a memorisation check.
 * :func:`importance_sampling`: self-normalised importance weights ``p(theta | D) / q(theta)`` of Euclidean
@@ -95,7 +97,7 @@ def _field(spec, st: FlowSettings):
     raise ValueError(f"field must be 'flat' or 'gnn'; got {st.field!r}")
 
 
-@cached("flows/posterior", version=3)   # 3: the field's initialisation seeded
+@cached("flows/posterior", version=4)   # 4: loss weighted per layer
 def _train(task: str, chart: str, settings: FlowSettings, seed: int) -> dict:
     ref = targets.hmc_reference(task, seed=0)
     train = ref.theta
@@ -166,6 +168,40 @@ def prior_draws(task: str, n: int, generator: torch.Generator | None = None) -> 
     return GaussianPrior(t.prior_std).sample(t.spec, n, generator=generator, device="cpu").float()
 
 
+def gaussian_fits(task: str, n: int, generator: torch.Generator | None = None,
+                  jitter: float = 1e-3) -> dict[str, tuple[Tensor, float]]:
+    """Two density estimates of the HMC draws (run 0) that know only their first two moments, as yardsticks
+    for a flow trained on the same draws: ``{name: (n networks, seconds)}``.
+
+    * ``"gaussian fit"``: one Gaussian with the draws' mean and full covariance;
+    * ``"per-chain gaussians"``: one such Gaussian per chain, an equal mixture (``n`` split over the chains).
+
+    A sampler that learns the draws' correlations but not their division into modes does about as well as
+    the first; the second knows which draws belong together. ``jitter`` (times the identity) keeps the
+    covariances of few draws positive definite.
+    """
+    ref = targets.hmc_reference(task, 0)
+    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    theta = ref.theta.double()
+    d, k = theta.shape[1], ref.n_chains
+    eye = torch.eye(d, dtype=theta.dtype)
+    out = {}
+    start = time.perf_counter()
+    chol = torch.linalg.cholesky(torch.cov(theta.T) + jitter * eye)
+    z = torch.randn(n, d, generator=gen, dtype=theta.dtype)
+    out["gaussian fit"] = ((theta.mean(0) + z @ chol.T).float(), time.perf_counter() - start)
+    start = time.perf_counter()
+    chains = theta.reshape(-1, k, d).transpose(0, 1)                     # [K, S, D]: rows are draw-major
+    centred = chains - chains.mean(1, keepdim=True)
+    chol = torch.linalg.cholesky(centred.transpose(1, 2) @ centred / (chains.shape[1] - 1) + jitter * eye)
+    which = torch.arange(n) % k                                          # n split over the chains
+    z = torch.randn(n, d, generator=gen, dtype=theta.dtype)
+    spread = torch.einsum("kij,nj->kni", chol, z)[which, torch.arange(n)]   # every z through its chain's factor
+    draws = chains.mean(1)[which] + spread
+    out["per-chain gaussians"] = (draws.float(), time.perf_counter() - start)
+    return out
+
+
 # ------------------------------------------------------------------------------------ the table
 def methods_table(task: str, n: int, flows: dict[str, tuple[Tensor, float]], seed: int = 0):
     """Every posterior method and the ``flows`` (``{name: (networks [n, D], seconds)}``) against the HMC
@@ -220,7 +256,7 @@ def cost(flow_seconds: float, sample_seconds: float, n: int, task: str = "breast
 
 
 # ----------------------------------------------------------------------------- importance weights
-@cached("flows/posterior_is", version=3)   # 3: from seeded fields
+@cached("flows/posterior_is", version=4)   # 4: flows trained with the loss weighted per layer
 def _importance(task: str, settings: FlowSettings, n: int, seed: int) -> dict:
     from wsbook.experiments.tasks import get_task
 
@@ -344,7 +380,7 @@ def _off_chart(spec, theta: Tensor, atol: float = 1e-6) -> Tensor:
     return dead
 
 
-@cached("flows/detection", version=5)   # 5: from seeded fields
+@cached("flows/detection", version=6)   # 6: flows trained with the loss weighted per layer
 def _log_likelihoods(task: str, chart: str, settings: FlowSettings, sets: dict, seed: int) -> dict:
     flow, _ = posterior_flow(task, chart, seed=0)
     gen = torch.Generator().manual_seed(5_000 + seed)
@@ -414,5 +450,5 @@ def detection_table(task: str = "breast_cancer", charts: tuple[str, ...] = CHART
 
 
 __all__ = ["CHARTS", "FlowSettings", "flow_settings", "posterior_flow", "sample_flow", "methods_table",
-           "alignment_spread", "prior_draws", "memorisation", "cost", "importance_sampling", "reweighted", "detection_sets",
+           "alignment_spread", "prior_draws", "gaussian_fits", "memorisation", "cost", "importance_sampling", "reweighted", "detection_sets",
            "detection_table", "auroc", "OWN_SAMPLES"]

@@ -15,7 +15,7 @@ A flow is a chart (:mod:`wsbook.weightflow.charts`), a vector field over weights
   weight on early times).
 
 Training regresses the field onto the conditional velocity of the path (Lipman et al. 2023; Chen & Lipman
-2024 on manifolds) in the chart's metric; sampling integrates with :func:`wsbook.flows.solve_ode` (Euler,
+2024 on manifolds), each layer's error in units of its scale; sampling integrates with :func:`wsbook.flows.solve_ode` (Euler,
 midpoint, RK4; exponential-map steps on the spheres); likelihoods use :func:`wsbook.flows.log_likelihood`
 (the instantaneous change of variables with the divergence of the tangent-projected field). Book chapter 7.
 """
@@ -39,6 +39,7 @@ from wsbook.weightflow.guidance import Guidance
 PARAMETRIZATIONS = ("velocity", "endpoint")
 TIME_DISTRIBUTIONS = ("uniform", "beta(1,2)")
 COUPLINGS = ("independent", "ot")
+LOSS_WEIGHTINGS = ("chart", "layer")
 #: latest training time: the geodesic path's field is singular at t = 1
 T_MAX = 1.0 - 1e-3
 
@@ -56,7 +57,8 @@ def sample_times(n: int, distribution: str = "uniform", generator: torch.Generat
 
 @dataclass
 class FitResult:
-    """Per-step training losses (mean squared error per coordinate, in the chart's metric) and wall time."""
+    """Per-step training losses (mean squared error per coordinate, weighted as the flow's
+    ``loss_weighting`` says) and wall time."""
 
     losses: Tensor
     seconds: float
@@ -80,11 +82,19 @@ class WeightFlow:
         time_distribution: ``"uniform"`` or ``"beta(1,2)"``.
         path_sigma: width of the Gaussian straight-line path (Euclidean charts only; 0 = deterministic).
         t_eps: smallest ``1 - t`` the endpoint velocity divides by (the solvers use at most half a step).
+        loss_weighting: ``"layer"`` (default): each coordinate's error in units of its layer's scale (the
+            units the field reads and writes), so that every linear layer counts alike; ``"chart"``: squared
+            error per coordinate in the chart's metric. Both have the same minimiser (the conditional
+            expectation of the velocity, coordinate by coordinate); they differ in where a field of finite size spends its
+            capacity. On canonical charts the hidden neurons' unit-norm rows have coordinates of about
+            ``1/sqrt(fan_in)`` while the last layer absorbs their norms, so the chart's metric lets the last
+            layer dominate the loss (MNIST 784-10-10: 0.036 against 4.7), and the first layer, which
+            decides what a network computes, is barely fitted.
     """
 
     def __init__(self, chart: Chart, field: nn.Module, *, parametrization: str = "velocity",
                  coupling: str = "independent", align_pairs: bool = False, time_distribution: str = "uniform",
-                 path_sigma: float = 0.0, t_eps: float = 1e-3):
+                 path_sigma: float = 0.0, t_eps: float = 1e-3, loss_weighting: str = "layer"):
         if not isinstance(chart, Chart):
             raise TypeError(f"WeightFlow: chart must be a weightflow Chart; got {type(chart).__name__}")
         if parametrization not in PARAMETRIZATIONS:
@@ -94,12 +104,15 @@ class WeightFlow:
         if time_distribution not in TIME_DISTRIBUTIONS:
             raise ValueError(f"WeightFlow: time_distribution must be one of {TIME_DISTRIBUTIONS}; "
                              f"got {time_distribution!r}")
+        if loss_weighting not in LOSS_WEIGHTINGS:
+            raise ValueError(f"WeightFlow: loss_weighting must be one of {LOSS_WEIGHTINGS}; got {loss_weighting!r}")
         if align_pairs and getattr(field, "anchored", False):
             raise ValueError("WeightFlow: align_pairs permutes targets away from the anchor's neuron order; an "
                              "anchored field needs align_pairs=False")
         self.chart, self.field = chart, field
         self.parametrization, self.coupling_name, self.align_pairs = parametrization, coupling, bool(align_pairs)
         self.time_distribution, self.path_sigma, self.t_eps = time_distribution, float(path_sigma), float(t_eps)
+        self.loss_weighting = loss_weighting
         self.ema = copy.deepcopy(field).requires_grad_(False)
         m = chart.manifold
         self.euclidean = isinstance(m, Euclidean)
@@ -171,7 +184,7 @@ class WeightFlow:
     def loss(self, x0: Tensor, x1: Tensor, t: Tensor, model: nn.Module | None = None,
              generator: torch.Generator | None = None, rows: slice | None = None) -> Tensor:
         """The conditional flow-matching loss on paired points (mean squared error per coordinate, in the
-        chart's metric). Endpoint mode regresses ``log_{x_t}(x1_hat)`` onto ``(1 - t) u_t``: the velocity loss
+        chart's metric, each layer divided by its scale with ``loss_weighting="layer"``). Endpoint mode regresses ``log_{x_t}(x1_hat)`` onto ``(1 - t) u_t``: the velocity loss
         weighted by ``(1 - t)^2`` (on a straight path exactly ``|x1_hat - x1|^2``). With ``rows`` the path
         points are drawn for the whole batch and the loss is that of those rows only (one process's block
         of a batch shared by several)."""
@@ -185,6 +198,8 @@ class WeightFlow:
         else:
             disp = self.chart.manifold.logmap(xt, self.predict_endpoint(t, xt, model))
             err = disp - (1 - t).unsqueeze(1) * ut
+        if self.loss_weighting == "layer":
+            err = err / self.chart.unlayout(self._scale(err).unsqueeze(0))
         return (err * err).mean()
 
     def pair(self, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
@@ -340,7 +355,8 @@ class WeightFlow:
     # ------------------------------------------------------------------------ transfer, persistence
     def settings(self) -> dict:
         return {"parametrization": self.parametrization, "coupling": self.coupling_name, "align_pairs": self.align_pairs,
-                "time_distribution": self.time_distribution, "path_sigma": self.path_sigma, "t_eps": self.t_eps}
+                "time_distribution": self.time_distribution, "path_sigma": self.path_sigma, "t_eps": self.t_eps,
+                "loss_weighting": self.loss_weighting}
 
     def with_spec(self, spec: MLPSpec) -> "WeightFlow":
         """This trained flow on networks of another hidden width (same depth, inputs and outputs): the chart
