@@ -83,8 +83,8 @@ class WeightFlow:
         path_sigma: width of the Gaussian straight-line path (Euclidean charts only; 0 = deterministic).
         t_eps: smallest ``1 - t`` the endpoint velocity divides by (the solvers use at most half a step).
         loss_weighting: ``"layer"`` (default): each coordinate's error in units of its layer's scale (the
-            units the field reads and writes), so that every linear layer counts alike; ``"chart"``: squared
-            error per coordinate in the chart's metric. Both have the same minimiser (the conditional
+            units the field reads and writes), so that no layer is neglected for having small coordinates;
+            ``"chart"``: squared error per coordinate in the chart's metric. Both have the same minimiser (the conditional
             expectation of the velocity, coordinate by coordinate); they differ in where a field of finite size spends its
             capacity. On canonical charts the hidden neurons' unit-norm rows have coordinates of about
             ``1/sqrt(fan_in)`` while the last layer absorbs their norms, so the chart's metric lets the last
