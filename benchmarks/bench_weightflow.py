@@ -52,6 +52,20 @@ def field_step(spec: MLPSpec, batch: int, dim: int = 32, n_layers: int = 3, laye
     return best_seconds(step, repeats=repeats)
 
 
+def dense_bytes(spec: MLPSpec, batch: int, dim: int = 32, n_layers: int = 3) -> float:
+    """A rough upper bound of the dense field's training memory: about 8 float32 tensors of
+    ``[pairs, dim]`` kept per layer for the backward pass."""
+    nodes = sum(spec.widths)
+    return 8.0 * n_layers * batch * nodes * nodes * dim * 4
+
+
+def total_memory() -> float:
+    """Bytes of physical memory of this machine."""
+    import os
+
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
 def posterior_sample(task_name: str) -> None:
     """Flow sampling cost per network against HMC's cost per effective sample on one task."""
     run = tasks.posterior_run(task_name, "hmc", config.by_scale(64, 256, 1024))
@@ -78,9 +92,16 @@ def main() -> None:
     spec = MLPSpec((64, 10, 10)) if small else MLPSpec((784, 10, 10))
     batch = 8 if small else 32
     ours = field_step(spec, batch)
-    dense = field_step(spec, batch, attention="all", repeats=1)
+    # the dense field stores dim-wide features for every node pair of every graph in every layer: at
+    # 784-10-10 and batch 32 that is tens of GB, so it runs at the largest batch that fits in 40 %
+    # of this machine's memory and the two are compared per network (its cost is linear in the batch)
+    dense_batch = batch
+    while dense_batch > 1 and dense_bytes(spec, dense_batch) > 0.4 * total_memory():
+        dense_batch //= 2
+    dense = field_step(spec, dense_batch, attention="all", repeats=1) * batch / dense_batch
     name = "-".join(map(str, spec.widths))
-    print(f"field_step_{name}_batch{batch}, {ours:.4f}, {dense:.4f}, {dense / ours:.1f}")
+    at = "" if dense_batch == batch else f" (dense at batch {dense_batch}, per network)"
+    print(f"field_step_{name}_batch{batch}{at}, {ours:.4f}, {dense:.4f}, {dense / ours:.1f}")
     rt = field_step(spec, batch)
     pna = field_step(spec, batch, layer="pna")
     print(f"field_step_rt_vs_pna_{name}_batch{batch}, {rt:.4f}, {pna:.4f}, {pna / rt:.1f}")
