@@ -18,6 +18,7 @@ breast cancer only for the posterior); ``default`` runs the sizes above (MNIST n
 """
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -61,8 +62,6 @@ def dense_bytes(spec: MLPSpec, batch: int, dim: int = 32, n_layers: int = 3) -> 
 
 def total_memory() -> float:
     """Bytes of physical memory of this machine."""
-    import os
-
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 

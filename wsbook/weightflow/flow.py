@@ -15,9 +15,10 @@ A flow is a chart (:mod:`wsbook.weightflow.charts`), a vector field over weights
   weight on early times).
 
 Training regresses the field onto the conditional velocity of the path (Lipman et al. 2023; Chen & Lipman
-2024 on manifolds), each layer's error in units of its scale; sampling integrates with :func:`wsbook.flows.solve_ode` (Euler,
-midpoint, RK4; exponential-map steps on the spheres); likelihoods use :func:`wsbook.flows.log_likelihood`
-(the instantaneous change of variables with the divergence of the tangent-projected field). Book chapter 7.
+2024 on manifolds), each layer's error in units of its scale; sampling integrates with
+:func:`wsbook.flows.solve_ode` (Euler, midpoint, RK4; exponential-map steps on the spheres); likelihoods
+use :func:`wsbook.flows.log_likelihood` (the instantaneous change of variables with the divergence of the
+tangent-projected field). Book chapter 7.
 """
 from __future__ import annotations
 
@@ -84,12 +85,12 @@ class WeightFlow:
         t_eps: smallest ``1 - t`` the endpoint velocity divides by (the solvers use at most half a step).
         loss_weighting: ``"layer"`` (default): each coordinate's error in units of its layer's scale (the
             units the field reads and writes), so that no layer is neglected for having small coordinates;
-            ``"chart"``: squared error per coordinate in the chart's metric. Both have the same minimiser (the conditional
-            expectation of the velocity, coordinate by coordinate); they differ in where a field of finite size spends its
-            capacity. On canonical charts the hidden neurons' unit-norm rows have coordinates of about
-            ``1/sqrt(fan_in)`` while the last layer absorbs their norms, so the chart's metric lets the last
-            layer dominate the loss (MNIST 784-10-10: 0.036 against 4.7), and the first layer, which
-            decides what a network computes, is barely fitted.
+            ``"chart"``: squared error per coordinate in the chart's metric. Both have the same minimiser
+            (the conditional expectation of the velocity, coordinate by coordinate); they differ in where a
+            field of finite size spends its capacity. On canonical charts the hidden neurons' unit-norm rows
+            have coordinates of about ``1/sqrt(fan_in)`` while the last layer absorbs their norms, so the
+            chart's metric lets the last layer dominate the loss (MNIST 784-10-10: 0.036 against 4.7), and
+            the first layer, which decides what a network computes, is barely fitted.
     """
 
     def __init__(self, chart: Chart, field: nn.Module, *, parametrization: str = "velocity",
@@ -184,10 +185,11 @@ class WeightFlow:
     def loss(self, x0: Tensor, x1: Tensor, t: Tensor, model: nn.Module | None = None,
              generator: torch.Generator | None = None, rows: slice | None = None) -> Tensor:
         """The conditional flow-matching loss on paired points (mean squared error per coordinate, in the
-        chart's metric, each layer divided by its scale with ``loss_weighting="layer"``). Endpoint mode regresses ``log_{x_t}(x1_hat)`` onto ``(1 - t) u_t``: the velocity loss
-        weighted by ``(1 - t)^2`` (on a straight path exactly ``|x1_hat - x1|^2``). With ``rows`` the path
-        points are drawn for the whole batch and the loss is that of those rows only (one process's block
-        of a batch shared by several)."""
+        chart's metric, each layer divided by its scale with ``loss_weighting="layer"``). Endpoint mode
+        regresses ``log_{x_t}(x1_hat)`` onto ``(1 - t) u_t``: the velocity loss weighted by ``(1 - t)^2``
+        (on a straight path exactly ``|x1_hat - x1|^2``). With ``rows`` the path points are drawn for the
+        whole batch and the loss is that of those rows only (one process's block of a batch shared by
+        several)."""
         model = self.field if model is None else model
         t = t.clamp(max=T_MAX)
         xt, ut = self.path.sample(x0, x1, t, generator=generator)
