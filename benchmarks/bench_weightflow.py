@@ -5,6 +5,10 @@ above 1 means ours is faster).
   field over the sparse neural graph (ours) against the same Relational Transformer attending over all
   node pairs of every graph, the dense design of the reference code (``attention="all"``). The goal on
   MNIST-size networks (784-10-10, batch 32) is a ratio of at least 10.
+* ``field_step_blocks_vs_gather``: seconds per forward and backward pass of the field on networks of one
+  architecture, where the relational layers run on dense ``[out, in]`` blocks of edges (ours), against the
+  gather/scatter route the same layers take for a batch mixing architectures (the same networks split into
+  two parts of one batch; identical outputs, tested in ``tests/test_graphs.py``).
 * ``field_step_rt_vs_pna``: seconds per training step of the Relational Transformer (ours) against PNA
   at equal width and depth (the measurement behind the field's default layer).
 * ``posterior_sample_<task>``: seconds per independent network drawn from a trained flow (1,000 networks
@@ -51,6 +55,24 @@ def field_step(spec: MLPSpec, batch: int, dim: int = 32, n_layers: int = 3, laye
         opt.step()
 
     return best_seconds(step, repeats=repeats)
+
+
+def blocks_vs_gather(spec: MLPSpec, batch: int, dim: int = 32, n_layers: int = 3) -> tuple[float, float]:
+    """Seconds per forward + backward of the field on one architecture's batch (dense blocks) and on the
+    same networks as a two-part batch (gathers and scatters)."""
+    from wsbook.graphs import GraphBatch, NeuralGraph
+
+    gen = torch.Generator().manual_seed(0)
+    field = gnn_field(spec, dim=dim, n_layers=n_layers)
+    graph = NeuralGraph.of(spec)
+    x, t = torch.randn(batch, spec.n_params, generator=gen), torch.rand(batch, generator=gen)
+
+    def run(split: bool):
+        gb = (GraphBatch.cat([graph.to_graph(x[:batch // 2]), graph.to_graph(x[batch // 2:])]) if split
+              else graph.to_graph(x))
+        torch.cat(field.net.gnn.forward_graph(gb, t)).pow(2).mean().backward()
+
+    return best_seconds(lambda: run(False), repeats=3), best_seconds(lambda: run(True), repeats=3)
 
 
 def dense_bytes(spec: MLPSpec, batch: int, dim: int = 32, n_layers: int = 3) -> float:
@@ -101,6 +123,8 @@ def main() -> None:
     name = "-".join(map(str, spec.widths))
     at = "" if dense_batch == batch else f" (dense at batch {dense_batch}, per network)"
     print(f"field_step_{name}_batch{batch}{at}, {ours:.4f}, {dense:.4f}, {dense / ours:.1f}")
+    blocks, gather = blocks_vs_gather(spec, batch)
+    print(f"field_step_blocks_vs_gather_{name}_batch{batch}, {blocks:.4f}, {gather:.4f}, {gather / blocks:.1f}")
     rt = field_step(spec, batch)
     pna = field_step(spec, batch, layer="pna")
     print(f"field_step_rt_vs_pna_{name}_batch{batch}, {rt:.4f}, {pna:.4f}, {pna / rt:.1f}")

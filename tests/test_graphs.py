@@ -319,3 +319,27 @@ def test_field_signature_and_time_on_edges():
     with pytest.raises(ValueError, match="family"):
         from wsbook.graphs import GraphBatch
         GraphBatch.from_populations([(MLP, x), (MLPSpec((4, 7, 3)), torch.randn(1, 4 * 7 + 7 + 7 * 3 + 3))])
+
+
+@pytest.mark.parametrize("heads,attention", [(1, "neighbours"), (4, "neighbours"), (2, "all")])
+def test_dense_blocks_compute_the_gathered_function_and_gradient(heads, attention):
+    """A batch of one architecture runs the relational layers on dense [out, in] blocks; a batch of two
+    parts takes the gather/scatter route. Same values and same parameter gradients (float64)."""
+    from wsbook.graphs import GraphBatch, WeightSpaceField
+
+    torch.manual_seed(0)
+    spec = MLPSpec((5, 7, 3, 4, 2))
+    field = WeightSpaceField(spec, "relational_transformer", dim=8, n_layers=2, heads=heads, attention=attention).double()
+    x, t = torch.randn(6, spec.n_params, dtype=torch.float64), torch.rand(6, dtype=torch.float64)
+    graph = NeuralGraph.of(spec)
+    results = []
+    for batch in (graph.to_graph(x), GraphBatch.cat([graph.to_graph(x[:2]), graph.to_graph(x[2:])])):
+        field.zero_grad()
+        out = torch.cat(field.forward_graph(t, batch))
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        results.append((out.detach(), [p.grad.clone() for p in field.parameters() if p.grad is not None]))
+    (dense, g_dense), (gathered, g_gathered) = results
+    assert len(results[0][1]) == len(results[1][1]) > 0
+    torch.testing.assert_close(dense, gathered, atol=1e-12, rtol=0)
+    for a, b in zip(g_dense, g_gathered):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)

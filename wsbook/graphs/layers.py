@@ -243,12 +243,87 @@ class RelationalTransformerLayer(nn.Module):
         alpha = torch.softmax(logits, dim=2)
         return (alpha.unsqueeze(-1) * v).sum(2).reshape(G, n, self.dim)[mask]
 
-    def forward(self, h: Tensor, edge_index: Tensor, e: Tensor, batch: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def _attend_layered(self, h: Tensor, e: Tensor, layout: "LayeredLayout") -> Tensor:
+        """:meth:`_attend_neighbours` for ``B`` graphs of one layered architecture (nodes layer by layer,
+        edges block by block ``[out, in]``, graphs one after another): every block of edges is a dense
+        ``[B, out, in]`` grid, so queries, keys and values are broadcast instead of gathered and the
+        per-node softmax is a reduction over an axis instead of a scatter. Same function."""
+        B, H, d = layout.batch, self.heads, self.dim
+        dh = d // H
+        nq, nk, nv = (t.reshape(B, -1, H, dh) for t in self.node_qkv(h).chunk(3, -1))    # [B, N, H, dh]
+        fe = self.edge_qkv(e).reshape(B, -1, 3 * d)                                         # [B, E, 3d]
+        fd = self.edge_qkv(self.direction.weight)                       # [2, 3d]: forward (in -> out), reverse
+        scale = 1.0 / math.sqrt(dh)
+        dq, dk, dv = (t.reshape(2, 1, 1, 1, H, dh) for t in fd.chunk(3, -1))
+        # split, not sliced: the backward of a split concatenates, that of a slice fills a zero tensor per slice
+        sizes = layout.widths
+        nodes = [t.split(sizes, 1) for t in (nq, nk, nv)]                                 # per layer [B, n, H, dh]
+        edges = fe.split(layout.block_sizes, 1)
+        inbox: list[list[tuple[Tensor, Tensor, int]]] = [[] for _ in sizes]    # per node layer: messages in
+        for l, block in enumerate(edges):
+            n_in, n_out = sizes[l], sizes[l + 1]
+            eq, ek, ev = (t.reshape(B, n_out, n_in, H, dh) for t in block.chunk(3, -1))
+            qi, ki, vi = (t[l].unsqueeze(1) for t in nodes)                                  # [B, 1, in, H, dh]
+            qo, ko, vo = (t[l + 1].unsqueeze(2) for t in nodes)                              # [B, out, 1, H, dh]
+            # forward messages: target an out node j, source an in node i (reduce over i, axis 2)
+            logit = ((qo + eq + dq[0]) * (ki + ek + dk[0])).sum(-1) * scale                # [B, out, in, H]
+            inbox[l + 1].append((logit, vi + ev + dv[0], 2))
+            # reverse messages: target an in node i, source an out node j (reduce over j, axis 1)
+            logit = ((qi + eq + dq[1]) * (ko + ek + dk[1])).sum(-1) * scale
+            inbox[l].append((logit, vo + ev + dv[1], 1))
+        out = []
+        for msgs in inbox:
+            top = torch.stack([lg.amax(ax).detach() for lg, _, ax in msgs]).amax(0)        # [B, n, H]
+            num = den = 0
+            for lg, v, ax in msgs:
+                w = torch.exp(lg - top.unsqueeze(ax))
+                den = den + w.sum(ax)
+                num = num + (w.unsqueeze(-1) * v).sum(ax)
+            out.append(num / den.unsqueeze(-1))
+        return torch.cat(out, 1).reshape(-1, d)
+
+    def forward(self, h: Tensor, edge_index: Tensor, e: Tensor, batch: Tensor | None = None,
+                layout: "LayeredLayout | None" = None) -> tuple[Tensor, Tensor]:
         """``batch [N]`` (graph id of every node, sorted) is needed by ``attention="all"`` for a batch of
-        several graphs; ``None`` means one graph."""
-        att = (self._attend_neighbours(h, edge_index, e) if self.attention == "neighbours"
-               else self._attend_all(h, edge_index, e, batch))
+        several graphs; ``None`` means one graph. ``layout``: the batch is ``B`` graphs of one layered
+        architecture (:class:`LayeredLayout`); neighbour attention and the edge update then run on dense
+        blocks (same function, no gathers or scatters)."""
+        if self.attention == "neighbours":
+            att = self._attend_neighbours(h, edge_index, e) if layout is None else self._attend_layered(h, e, layout)
+        else:
+            att = self._attend_all(h, edge_index, e, batch)
         h = self.norm1(h + self.out(att))
         h = self.norm2(h + self.ffn(h))
-        e = self.norm_edge(e + _edge_update(self.update_edge, h, e, edge_index))
+        update = (_edge_update(self.update_edge, h, e, edge_index) if layout is None
+                  else _edge_update_layered(self.update_edge, h, e, layout))
+        e = self.norm_edge(e + update)
         return h, e
+
+
+class LayeredLayout:
+    """``batch`` graphs of one layered architecture with layer ``widths``, in the order of
+    :meth:`~wsbook.graphs.NeuralGraph.to_graph`: nodes layer by layer, the edges of layer ``l`` as an
+    ``[out, in]`` grid, graph after graph. Layers that know it replace gathers by broadcasting."""
+
+    def __init__(self, batch: int, widths: tuple[int, ...]):
+        self.batch, self.widths = int(batch), tuple(int(w) for w in widths)
+
+    @property
+    def block_sizes(self) -> list[int]:
+        """Edges of every block (within one graph)."""
+        return [i * o for i, o in zip(self.widths[:-1], self.widths[1:])]
+
+
+def _edge_update_layered(net: nn.Sequential, h: Tensor, e: Tensor, layout: LayeredLayout) -> Tensor:
+    """:func:`_edge_update` on dense blocks: ``W [h_out, h_in, e]`` as a broadcast sum per block."""
+    first, d, B = net[0], h.shape[-1], layout.batch
+    w = first.weight
+    sizes = layout.widths
+    hd = F.linear(h, w[:, :d], first.bias).reshape(B, -1, w.shape[0]).split(sizes, 1)   # as target (out node)
+    hs = F.linear(h, w[:, d:2 * d]).reshape(B, -1, w.shape[0]).split(sizes, 1)          # as source (in node)
+    z = F.linear(e, w[:, 2 * d:]).reshape(B, -1, w.shape[0]).split(layout.block_sizes, 1)
+    parts = []
+    for l, zl in enumerate(z):
+        zb = zl.reshape(B, sizes[l + 1], sizes[l], -1) + hd[l + 1].unsqueeze(2) + hs[l].unsqueeze(1)
+        parts.append(zb.reshape(B, sizes[l + 1] * sizes[l], -1))
+    return net[1:](torch.cat(parts, 1).reshape(-1, w.shape[0]))

@@ -30,7 +30,7 @@ from torch_geometric.nn import global_max_pool, global_mean_pool
 from torch_geometric.utils import scatter
 
 from wsbook.flows.models import TimeEmbedding
-from wsbook.graphs.layers import PNAEdgeLayer, RelationalTransformerLayer, mlp
+from wsbook.graphs.layers import LayeredLayout, PNAEdgeLayer, RelationalTransformerLayer, mlp
 from wsbook.graphs.neural_graph import N_ROLES, GraphBatch, NeuralGraph, Spec
 
 LAYERS = ("pna", "relational_transformer")
@@ -158,13 +158,24 @@ class WeightSpaceGNN(nn.Module):
         h = self.node_in(batch.x * self.node_scale[node_role].unsqueeze(-1)) + self.pos(batch.pos)
         e = self.edge_in(batch.edge_attr * self.edge_scale[edge_role].unsqueeze(-1))
         cond = self._times(t, batch.num_graphs)
-        edge_batch = batch.edge_batch if cond is not None else None
+        # one architecture: nodes and edges are [graphs, per graph] grids, so per-graph terms broadcast
+        # and the relational layers run on dense blocks instead of gathering (same function)
+        G = batch.num_graphs
+        layout = LayeredLayout(G, batch.graph.widths) if len(batch.parts) == 1 else None
+        edge_batch = batch.edge_batch if cond is not None and layout is None else None
         for k, layer in enumerate(self.layers):
             if cond is not None:
                 gamma_h, beta_h, gamma_e, beta_e = self.time_film[k](cond).chunk(4, -1)
-                h = h * (1 + gamma_h[batch.batch]) + beta_h[batch.batch]
-                e = e * (1 + gamma_e[edge_batch]) + beta_e[edge_batch]
-            h, e = layer(h, batch.edge_index, e, batch.batch)
+                if layout is None:
+                    h = h * (1 + gamma_h[batch.batch]) + beta_h[batch.batch]
+                    e = e * (1 + gamma_e[edge_batch]) + beta_e[edge_batch]
+                else:
+                    h = (h.view(G, -1, h.shape[-1]) * (1 + gamma_h[:, None]) + beta_h[:, None]).view(h.shape)
+                    e = (e.view(G, -1, e.shape[-1]) * (1 + gamma_e[:, None]) + beta_e[:, None]).view(e.shape)
+            if layout is not None and isinstance(layer, RelationalTransformerLayer):
+                h, e = layer(h, batch.edge_index, e, batch.batch, layout=layout)
+            else:
+                h, e = layer(h, batch.edge_index, e, batch.batch)
         return h, e
 
     def embed(self, theta: Tensor, *, t: Tensor | float | None = None, spec: Spec | NeuralGraph | None = None,
