@@ -162,3 +162,22 @@ def test_reader_figure_fixes():
     assert len(pairs) == 4, "one set of segments per non-reference network and panel"
     with pytest.raises(ValueError, match="members"):
         figures.neurons_on_sphere(spec, theta, moved, members=1)
+
+
+def test_guided_posterior_samples_and_their_control():
+    """`posterior_flows.guided`: the guided flow and the guided prior draws are populations of the task's
+    spec, and the guidance alone lowers the training loss of prior draws (descent)."""
+    from wsbook.experiments import posterior_flows as pf
+    from wsbook.nets import per_member_loss
+    from wsbook.weightflow import EuclideanChart, FlatField, WeightFlow
+
+    task = tasks.get_task("breast_cancer")
+    ds = task.data()
+    flow = WeightFlow(EuclideanChart(task.spec, sigma=1.0), FlatField(task.spec, hidden=16, depth=1))
+    out = pf.guided(flow, 6, weight=2.0, generator=torch.Generator().manual_seed(0), steps=32)
+    assert set(out) == {"euclidean flow + guidance", "prior + guidance"}
+    for theta, seconds in out.values():
+        assert theta.shape == (6, task.spec.n_params) and torch.isfinite(theta).all() and seconds >= 0
+    prior = pf.prior_draws("breast_cancer", 6, torch.Generator().manual_seed(0))
+    loss = lambda th: per_member_loss(task.spec, th, ds.x_train, ds.y_train, task.task).mean()
+    assert loss(out["prior + guidance"][0]) < loss(prior)

@@ -329,7 +329,8 @@ def test_dense_blocks_compute_the_gathered_function_and_gradient(heads, attentio
 
     torch.manual_seed(0)
     spec = MLPSpec((5, 7, 3, 4, 2))
-    field = WeightSpaceField(spec, "relational_transformer", dim=8, n_layers=2, heads=heads, attention=attention).double()
+    field = WeightSpaceField(spec, "relational_transformer", dim=8, n_layers=2, heads=heads,
+                             attention=attention).double()
     x, t = torch.randn(6, spec.n_params, dtype=torch.float64), torch.rand(6, dtype=torch.float64)
     graph = NeuralGraph.of(spec)
     results = []
