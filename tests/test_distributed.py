@@ -77,3 +77,84 @@ def test_field_autocast_is_an_option_and_off_on_the_cpu(one_thread):
     assert torch.equal(losses[None], losses[False])        # the CPU default: float32, unchanged
     assert torch.isfinite(losses[True]).all() and not torch.equal(losses[True], losses[False])
     torch.testing.assert_close(losses[True], losses[False], rtol=0.05, atol=0.02)   # bfloat16: close, not equal
+
+
+#: aten operators whose result the host must read (on a GPU each is a host-device synchronisation)
+_HOST_READS = {"_local_scalar_dense", "nonzero", "is_nonzero", "masked_select", "unique", "_unique", "_unique2",
+               "unique_dim", "unique_consecutive", "equal", "repeat_interleave"}
+
+
+def _host_reads(fn) -> int:
+    """How many operators that read a tensor's value on the host ``fn()`` runs (``.item()``, ``bool(t)``,
+    ``float(t)``, ``nonzero``, ...), seen at the dispatcher, so it counts them on the CPU too."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += func._schema.name.split("::")[-1] in _HOST_READS
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.n
+
+
+@pytest.mark.parametrize("chart", ["euclidean", "geometric"])
+def test_fit_reads_no_value_on_the_host_per_step(one_thread, chart):
+    """With the NaN check spaced out (as on a GPU), a training step reads nothing on the host: 5 and 30
+    steps read the same number of values (the setup's and the final check's). A check of the path's
+    times or points, an ``.item()`` or a per-step NaN check in the loop would add reads every step."""
+    from wsbook.nets import MLPSpec
+    from wsbook.weightflow import EuclideanChart, GeometricChart, WeightFlow, gnn_field
+
+    spec = MLPSpec((3, 4, 2))
+    nets = spec.init(40, generator=torch.Generator().manual_seed(0), device="cpu")
+    make = {"euclidean": lambda: EuclideanChart(spec), "geometric": lambda: GeometricChart(spec)}[chart]
+
+    def reads(steps: int, **kw) -> int:
+        torch.manual_seed(1)
+        flow = WeightFlow(make(), gnn_field(spec, dim=4, n_layers=1), **kw)
+        return _host_reads(lambda: flow.fit(nets, steps=steps, batch_size=16, progress=False, check_every=1000,
+                                            generator=torch.Generator().manual_seed(2)))
+
+    assert reads(30) == reads(5)
+    if chart == "euclidean":                      # the Gaussian path's noise too
+        assert reads(30, path_sigma=0.01) == reads(5, path_sigma=0.01)
+    # the CPU default checks every step (and so names the first bad step before it reaches the parameters)
+    torch.manual_seed(1)
+    flow = WeightFlow(make(), gnn_field(spec, dim=4, n_layers=1))
+    per_step = _host_reads(lambda: flow.fit(nets, steps=30, batch_size=16, progress=False,
+                                            generator=torch.Generator().manual_seed(2))) - reads(30)
+    assert per_step >= 29
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fit_does_not_synchronise_per_step_on_cuda(monkeypatch):
+    """On a GPU, CUDA's sync debug mode reports every synchronising call: 5 and 55 steps of training (on
+    a GNN field, under bfloat16 autocast) differ by at most the two extra NaN checks (every 25 steps)."""
+    import warnings
+
+    from wsbook.nets import MLPSpec
+    from wsbook.weightflow import GeometricChart, WeightFlow, gnn_field
+
+    monkeypatch.setenv("WSBOOK_PROGRESS", "0")
+    spec = MLPSpec((3, 4, 2))
+    nets = spec.init(40, generator=torch.Generator().manual_seed(0), device="cpu")
+
+    def syncs(steps: int) -> int:
+        torch.manual_seed(1)
+        flow = WeightFlow(GeometricChart(spec), gnn_field(spec, dim=4, n_layers=1).cuda())
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                flow.fit(nets.cuda(), steps=steps, batch_size=16, generator=torch.Generator().manual_seed(2))
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        return sum("synchroniz" in str(w.message) for w in caught)
+
+    syncs(5)                                      # warm up (lazy initialisation may synchronise once)
+    assert syncs(55) - syncs(5) <= 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from wsbook.loop import to_device
 from wsbook.manifolds import Manifold
 
 Tensor = torch.Tensor
@@ -30,16 +31,18 @@ class LinearPath:
             raise ValueError(f"LinearPath: sigma must be >= 0, got {sigma}")
         self.sigma = float(sigma)
 
-    def sample(self, x0: Tensor, x1: Tensor, t: Tensor,
-               generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        """(x_t, u_t(x_t | x0, x1)) for a batch of pairs and times ``t`` ([B] or scalar)."""
+    def sample(self, x0: Tensor, x1: Tensor, t: Tensor, generator: torch.Generator | None = None,
+               check: bool = True) -> tuple[Tensor, Tensor]:
+        """(x_t, u_t(x_t | x0, x1)) for a batch of pairs and times ``t`` ([B] or scalar). ``check=False``
+        skips the validation of the values of ``t`` (it reads them on the host: on a GPU, a synchronisation;
+        training loops that draw their own times pass ``False``)."""
         if x0.shape != x1.shape:
             raise ValueError(f"LinearPath: x0 and x1 must have equal shapes, got {tuple(x0.shape)}, {tuple(x1.shape)}")
-        t = check_time(t, x0.shape[0]).to(x0)
+        t = (check_time(t, x0.shape[0]) if check else torch.as_tensor(t)).to(x0)
         tt = t.reshape(-1, *([1] * (x0.dim() - 1))) if t.dim() else t
         xt = (1 - tt) * x0 + tt * x1
         if self.sigma > 0:
-            xt = xt + self.sigma * torch.randn(x0.shape, generator=generator, dtype=x0.dtype).to(x0.device)
+            xt = xt + self.sigma * to_device(torch.randn(x0.shape, generator=generator, dtype=x0.dtype), x0.device)
         return xt, x1 - x0
 
 
@@ -51,14 +54,17 @@ class GeodesicPath:
         self.manifold = manifold
         self.eps = float(eps)
 
-    def sample(self, x0: Tensor, x1: Tensor, t: Tensor,
-               generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    def sample(self, x0: Tensor, x1: Tensor, t: Tensor, generator: torch.Generator | None = None,
+               check: bool = True) -> tuple[Tensor, Tensor]:
+        """(x_t, u_t(x_t | x0, x1)); ``check=False`` skips the validation of the points and times (as in
+        :meth:`LinearPath.sample`)."""
         m = self.manifold
         if x0.shape != x1.shape:
             raise ValueError(f"GeodesicPath: x0 and x1 must have equal shapes, got {tuple(x0.shape)}, {tuple(x1.shape)}")
-        m.check_point(x0, name="x0")
-        m.check_point(x1, name="x1")
-        t = check_time(t, x0.shape[0]).to(x0).clamp(max=1 - self.eps)
+        if check:
+            m.check_point(x0, name="x0")
+            m.check_point(x1, name="x1")
+        t = (check_time(t, x0.shape[0]) if check else torch.as_tensor(t)).to(x0).clamp(max=1 - self.eps)
         tt = t.reshape(-1, *([1] * (x0.dim() - 1))) if t.dim() else t
         xt = m.expmap(x0, tt * m.logmap(x0, x1))
         ut = m.logmap(xt, x1) / (1 - tt)

@@ -208,6 +208,7 @@ class _CanonicalChart(Chart):
         self.blocks = blocks
         self.index = index                                   # points = theta[:, index] (then last layer / sqrt(C))
         self.inverse = index.argsort()
+        self._on_device: dict[torch.device, tuple[Tensor, Tensor]] = {}     # (index, inverse) per device
         n_hidden = sum(n * d for kind, n, d in blocks[:-1])
         self.last = slice(n_hidden, spec.n_params)           # the last layer's coordinates in point layout
         self.last_scale = math.sqrt(spec.widths[-1]) if last_layer == "sphere" else 1.0
@@ -224,13 +225,20 @@ class _CanonicalChart(Chart):
     def to_points(self, theta: Tensor) -> Tensor:
         return to_spheres(self.spec, self.canonical(theta), self.task)
 
+    def _indices(self, device: torch.device) -> tuple[Tensor, Tensor]:
+        """``(index, inverse)`` on ``device``, copied there once (a copy per call would make the host wait
+        for the device at every training step)."""
+        if device not in self._on_device:
+            self._on_device[device] = (self.index.to(device), self.inverse.to(device))
+        return self._on_device[device]
+
     def layout(self, points: Tensor) -> Tensor:
         if self.last_scale != 1.0:
             points = torch.cat([points[:, :self.last.start], points[:, self.last] * self.last_scale], 1)
-        return points[:, self.inverse.to(points.device)]
+        return points[:, self._indices(points.device)[1]]
 
     def unlayout(self, theta: Tensor) -> Tensor:
-        out = theta[:, self.index.to(theta.device)]
+        out = theta[:, self._indices(theta.device)[0]]
         if self.last_scale != 1.0:
             out = torch.cat([out[:, :self.last.start], out[:, self.last] / self.last_scale], 1)
         return out

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from wsbook import config, distributed
 from wsbook.flows import GeodesicPath, LinearPath, LikelihoodResult, ODEResult, log_likelihood, make_coupling, solve_ode
-from wsbook.loop import EMA, Minibatches, descend, make_optimizer
+from wsbook.loop import EMA, Minibatches, descend, make_optimizer, to_device
 from wsbook.manifolds import Euclidean
 from wsbook.nets import MLPSpec
 from wsbook.weightflow.charts import Chart, _align, chart_from_config
@@ -124,6 +124,7 @@ class WeightFlow:
         #: one scale per linear layer (weights and bias): the field reads x / scale and writes scale * output
         self.layer_scale = torch.ones(chart.spec.n_layers)
         self._autocast = False      # bfloat16 autocast of the field, on only inside fit (see fit's autocast)
+        self._fit_scale: Tensor | None = None     # _scale's vector, fixed while fit runs (see fit)
 
     def __repr__(self) -> str:
         return (f"WeightFlow({self.chart!r}, {type(self.field).__name__}, {self.parametrization}, "
@@ -134,6 +135,9 @@ class WeightFlow:
         return self.chart.spec
 
     def _scale(self, like: Tensor) -> Tensor:
+        fixed = self._fit_scale
+        if fixed is not None and fixed.device == like.device and fixed.dtype == like.dtype:
+            return fixed
         s = like.new_empty(self.spec.n_params)
         for layer in range(self.spec.n_layers):
             w, b = self.spec.slices(layer)
@@ -183,16 +187,17 @@ class WeightFlow:
             self.layer_scale[layer] = part.pow(2).mean().sqrt().clamp_min(1e-3).item()
 
     def loss(self, x0: Tensor, x1: Tensor, t: Tensor, model: nn.Module | None = None,
-             generator: torch.Generator | None = None, rows: slice | None = None) -> Tensor:
+             generator: torch.Generator | None = None, rows: slice | None = None, check: bool = True) -> Tensor:
         """The conditional flow-matching loss on paired points (mean squared error per coordinate, in the
         chart's metric, each layer divided by its scale with ``loss_weighting="layer"``). Endpoint mode
         regresses ``log_{x_t}(x1_hat)`` onto ``(1 - t) u_t``: the velocity loss weighted by ``(1 - t)^2``
         (on a straight path exactly ``|x1_hat - x1|^2``). With ``rows`` the path points are drawn for the
         whole batch and the loss is that of those rows only (one process's block of a batch shared by
-        several)."""
+        several). ``check=False`` skips the validation of the points and times (a host-device
+        synchronisation on a GPU; :meth:`fit` draws them itself and passes ``False``)."""
         model = self.field if model is None else model
         t = t.clamp(max=T_MAX)
-        xt, ut = self.path.sample(x0, x1, t, generator=generator)
+        xt, ut = self.path.sample(x0, x1, t, generator=generator, check=check)
         if rows is not None:
             xt, ut, t = xt[rows], ut[rows], t[rows]
         if self.parametrization == "velocity":
@@ -214,7 +219,8 @@ class WeightFlow:
 
     def fit(self, networks: Tensor, *, steps: int, batch_size: int = 256, lr: float = 1e-3, ema_decay: float = 0.999,
             weight_decay: float = 0.0, generator: torch.Generator | None = None, progress: bool | None = None,
-            desc: str = "weight flow", autocast: bool | None = None, ddp: bool | None = None) -> FitResult:
+            desc: str = "weight flow", autocast: bool | None = None, ddp: bool | None = None,
+            check_every: int | None = None) -> FitResult:
         """Train the field on a population ``networks [N, D]`` (mapped to the chart once).
 
         Args:
@@ -234,6 +240,13 @@ class WeightFlow:
                 the global batch: every process draws the same batch, source points, pairs and times, runs
                 the field on its own block of the batch, and the gradients are averaged, so the step is
                 the single-process step on ``batch_size`` networks. ``None``: whenever a process group runs.
+            check_every: steps between the loss's NaN / inf checks (:func:`wsbook.loop.descend`; default 1
+                on the CPU, 25 on accelerators).
+
+        On a GPU a step does not make the host wait for the device (no ``.item()``, no check of a value on
+        the host, no blocking copy: the source points and times are drawn on the CPU and copied through
+        pinned memory), except for the NaN check every ``check_every`` steps and what the pairing itself
+        needs: ``coupling="ot"`` and ``align_pairs`` solve assignment problems on the CPU every step.
         """
         with torch.no_grad():
             points = self.chart.to_points(networks)
@@ -264,23 +277,24 @@ class WeightFlow:
         def step_loss(step: int) -> Tensor:
             idx = batches(step)
             x1 = points if idx is None else points[idx]
-            x0 = self.chart.sample_source(x1.shape[0], generator).to(device)
+            x0 = to_device(self.chart.sample_source(x1.shape[0], generator), device)
             x0, x1 = self.pair(x0, x1)
-            t = sample_times(x1.shape[0], self.time_distribution, generator).to(device)
+            t = to_device(sample_times(x1.shape[0], self.time_distribution, generator), device)
             if not use_ddp:
-                return self.loss(x0, x1, t, model, generator)
+                return self.loss(x0, x1, t, model, generator, check=False)
             rows = distributed.shard(x1.shape[0], granule=1)
             # DDP averages gradients over processes: weight each block's mean by its share of the batch
             share = world * (rows.stop - rows.start) / x1.shape[0]
-            return self.loss(x0, x1, t, model, generator, rows=rows) * share
+            return self.loss(x0, x1, t, model, generator, rows=rows, check=False) * share
 
         opt = make_optimizer(self.field.parameters(), "adamw", lr=lr, weight_decay=weight_decay)
         self._autocast = device.type == "cuda" if autocast is None else bool(autocast)
+        self._fit_scale = self._scale(points)          # layer_scale is fixed during the run: build it once
         try:
             run = descend(step_loss, opt, steps, schedule="cosine", min_lr=0.05 * lr, ema=ema, progress=progress,
-                          desc=desc)
+                          desc=desc, check_every=check_every)
         finally:
-            self._autocast = False
+            self._autocast, self._fit_scale = False, None
         losses = run.losses.detach()
         if use_ddp:                     # the whole batch's loss per step: the blocks' weighted means, summed
             losses = distributed.all_sum(losses) / world
