@@ -184,6 +184,27 @@ def test_cnn_forward_equals_torch_modules_and_round_trips():
         cnn.init(1, "siren")
 
 
+def test_cnn_takes_one_image_batch_per_member_and_trains_on_own_minibatches():
+    g = torch.Generator().manual_seed(2)
+    cnn = CNNSpec(2, (4, 5), kernel_size=3, n_classes=3)
+    theta = cnn.init(3, generator=g, device="cpu")
+    x = torch.randn(3, 6, 2, 5, 5, generator=g)                  # [B, N, C, H, W]: its own images per member
+    per_member = cnn.forward(theta, x)
+    one_by_one = torch.cat([cnn.forward(theta[i:i + 1], x[i]) for i in range(3)])
+    torch.testing.assert_close(per_member, one_by_one, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"\[3, N, 2, H, W\]"):
+        cnn.forward(theta, x[:2])
+    # per-member minibatches of images; chunked gradient accumulation over images equals one pass
+    images, labels = torch.randn(40, 2, 5, 5, generator=g), torch.randint(0, 3, (40,), generator=g)
+    runs = [train_population(cnn, theta, images, labels, steps=3, batch_size=16, chunk_size=c,
+                             generator=torch.Generator().manual_seed(0)) for c in (None, 5)]
+    torch.testing.assert_close(runs[0].theta, runs[1].theta, atol=1e-5, rtol=1e-4)
+    assert not torch.equal(runs[0].theta, theta)
+    shared = train_population(cnn, theta, images, labels, steps=3, batch_size=16, shared_batches=True,
+                              generator=torch.Generator().manual_seed(0))
+    assert not torch.allclose(shared.theta, runs[0].theta)       # the members did draw their own batches
+
+
 @pytest.mark.parametrize("kwargs,name", [(dict(steps=0), "steps"), (dict(steps=-1), "steps"),
                                          (dict(steps=2.5), "steps"), (dict(steps=3, batch_size=0), "batch_size"),
                                          (dict(steps=3, batch_size=-4), "batch_size"),

@@ -471,7 +471,8 @@ class CNNSpec:
         return torch.relu(z) if self.activation == "relu" else torch.tanh(z)
 
     def forward(self, theta: Tensor, x: Tensor, return_hidden: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
-        """All ``B`` networks on shared images ``x [N, C, H, W]`` -> logits ``[B, N, n_classes]``.
+        """All ``B`` networks on shared images ``x [N, C, H, W]`` (or one batch per network,
+        ``[B, N, C, H, W]``, e.g. per-member minibatches) -> logits ``[B, N, n_classes]``.
 
         Batched with grouped convolutions: the ``B`` networks become ``B`` groups of one convolution. With
         ``return_hidden`` each convolution's post-activations come back too, as ``[B, N * H * W, channels]``
@@ -479,11 +480,17 @@ class CNNSpec:
         :func:`wsbook.symmetry.activation_statistics` reads).
         """
         theta = self.check(theta)
-        if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f"x must be [N, {self.in_channels}, H, W]; got {tuple(x.shape)}")
-        B, N = theta.shape[0], x.shape[0]
+        B = theta.shape[0]
+        per_member = x.dim() == 5
+        if x.dim() not in (4, 5) or x.shape[-3] != self.in_channels or (per_member and x.shape[0] != B):
+            raise ValueError(f"x must be [N, {self.in_channels}, H, W] or [{B}, N, {self.in_channels}, H, W]; "
+                             f"got {tuple(x.shape)}")
+        N = x.shape[-4]
         ws, bs = self.weights(theta), self.biases(theta)
-        h = x.repeat(1, B, 1, 1)                                   # [N, B*C, H, W]
+        if per_member:                                             # [B, N, C, H, W] -> [N, B*C, H, W]
+            h = x.transpose(0, 1).reshape(N, B * self.in_channels, *x.shape[-2:])
+        else:
+            h = x.repeat(1, B, 1, 1)                               # [N, B*C, H, W]
         hidden = []
         for w, b in zip(ws[:-1], bs[:-1]):
             h = F.conv2d(h, w.reshape(-1, *w.shape[2:]), b.reshape(-1), padding=self.kernel_size // 2, groups=B)
@@ -565,17 +572,20 @@ def accuracy(spec: NetSpec, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
 
 def _accumulate_gradients(spec: MLPSpec, theta: Tensor, x: Tensor, y: Tensor, task: str,
                           chunk_size: int | None) -> Tensor:
-    """Backpropagate the summed per-member mean loss in chunks of points; return the per-member loss ``[B]``."""
-    n = x.shape[-2]
+    """Backpropagate the summed per-member mean loss in chunks of points; return the per-member loss ``[B]``.
+    The points are axis -2 of vector inputs ``[.., N, in]`` and axis -4 of images ``[.., N, C, H, W]``."""
+    x_axis = x.dim() - (4 if isinstance(spec, CNNSpec) else 2)
+    y_axis = y.dim() - (1 if task == "classification" else 2)
+    n = x.shape[x_axis]
     if not chunk_size or n <= chunk_size:
         member_loss = per_member_loss(spec, theta, x, y, task)
         member_loss.sum().backward()
         return member_loss.detach()
     total = torch.zeros(theta.shape[0], device=theta.device, dtype=theta.dtype)
     for start in range(0, n, chunk_size):
-        xc = x[..., start:start + chunk_size, :]
-        yc = y[..., start:start + chunk_size] if task == "classification" else y[..., start:start + chunk_size, :]
-        part = per_member_loss(spec, theta, xc, yc, task) * (xc.shape[-2] / n)
+        size = min(chunk_size, n - start)
+        xc, yc = x.narrow(x_axis, start, size), y.narrow(y_axis, start, size)
+        part = per_member_loss(spec, theta, xc, yc, task) * (size / n)
         part.sum().backward()
         total += part.detach()
     return total
