@@ -181,3 +181,19 @@ def test_guided_posterior_samples_and_their_control():
     prior = pf.prior_draws("breast_cancer", 6, torch.Generator().manual_seed(0))
     loss = lambda th: per_member_loss(task.spec, th, ds.x_train, ds.y_train, task.task).mean()
     assert loss(out["prior + guidance"][0]) < loss(prior)
+
+
+def test_variational_width_sweep_reuses_the_fits():
+    from wsbook import data as wdata
+    from wsbook.experiments import alignment
+    from wsbook.nets import MLPSpec
+
+    sweep = alignment.variational_width_sweep([4, 6], n_pairs=1, steps=5, n_samples=2)
+    assert sweep["widths"].tolist() == [4, 6]
+    assert all(sweep[k].shape == (2, 1) for k in ("naive", "aligned", "end_loss"))
+    ds = wdata.load("digits")
+    q = zoos.fit_variational_zoo(MLPSpec((64, 6, 6, 10)), "digits", 2, steps=5)
+    one = alignment.variational_barriers(MLPSpec((64, 6, 6, 10)), q["mean"], q["std"], ds.x_test, ds.y_test,
+                                         n_samples=2)
+    torch.testing.assert_close(sweep["aligned"][1], one["aligned"]["barrier"].to(sweep["aligned"]))
+    assert alignment.variational_width_sweep.cache_name == "align/variational_width"

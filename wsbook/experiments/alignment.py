@@ -13,9 +13,10 @@ import torch
 from torch import Tensor
 
 from wsbook import config, data
-from wsbook.experiments.zoos import shape_sdf, train_zoo
+from wsbook.cache import cached
+from wsbook.experiments.zoos import fit_variational_zoo, shape_sdf, train_zoo
 from wsbook.graphs.align import LearnedAligner
-from wsbook.nets import MLPSpec
+from wsbook.nets import MLPSpec, NetSpec
 from wsbook.symmetry.actions import function_difference
 from wsbook.symmetry.canonical import canonicalize, normalize_neurons, sphere_distance
 from wsbook.symmetry.lmc import auc, barrier, connectivity, gaussian_interpolation_curve, interpolation_curve
@@ -32,7 +33,7 @@ def _timed(fn, *args, **kwargs):
     return out, time.perf_counter() - start
 
 
-def compare_alignments(spec: MLPSpec, theta_a: Tensor, theta_b: Tensor, x_fit: Tensor, y_fit: Tensor,
+def compare_alignments(spec: NetSpec, theta_a: Tensor, theta_b: Tensor, x_fit: Tensor, y_fit: Tensor,
                        x_eval: Tensor, y_eval: Tensor, *, methods: Sequence[str] = ALIGNMENT_METHODS,
                        sinkhorn_steps: int = 100, n_points: int = 25, task: str = "classification",
                        generator: torch.Generator | None = None) -> dict[str, dict]:
@@ -156,6 +157,46 @@ def variational_barriers(spec: MLPSpec, mean: Tensor, std: Tensor, x: Tensor, y:
                                              n_samples=n_samples, generator=torch.Generator().manual_seed(seed))
         out[name] = {**curve, "barrier": barrier(curve), "auc": auc(curve)}
     return out
+
+
+@cached("align/variational_width", version=1)
+def variational_width_sweep(widths: Sequence[int], *, dataset: str = "digits", depth: int = 2, n_pairs: int = 2,
+                            steps: int = 800, n_samples: int = 16, prior_std: float = 1.0,
+                            seed: int = 0) -> dict[str, Tensor]:
+    """Marginalized barrier between pairs of mean-field posteriors against hidden width, along the
+    Wasserstein geodesic without and with variational matching (Rossi et al., 2023, Fig. 5), cached.
+
+    At every width ``2 * n_pairs`` posteriors are fitted by :func:`wsbook.experiments.zoos.fit_variational_zoo`
+    (cached on its own, so a width also used elsewhere is fitted once) and paired first half against second
+    half by :func:`variational_barriers` on the test split.
+
+    See chapter 5, "Barriers of variational posteriors against width" (in "Experiment 3").
+
+    Args:
+        widths: hidden widths to sweep (every hidden layer has this width).
+        dataset: a classification data set of :mod:`wsbook.data`.
+        depth: number of hidden layers.
+        n_pairs: pairs of posteriors per width.
+        steps: optimisation steps of every posterior.
+        n_samples: weight samples per point of the path.
+        prior_std: standard deviation of the Gaussian weight prior.
+        seed: seeds the fits and the weight samples.
+
+    Returns:
+        ``{"widths": [K], "naive" | "aligned": [K, n_pairs]}`` barriers (test predictive NLL) and
+        ``"end_loss": [K, n_pairs]``, the mean marginalized loss of the two end posteriors of each pair.
+    """
+    ds = data.load(dataset)
+    rows: dict[str, list[Tensor]] = {"naive": [], "aligned": [], "end_loss": []}
+    for w in widths:  # a loop over architectures, not over networks
+        spec = MLPSpec((ds.x_train.shape[1],) + (int(w),) * depth + (ds.n_classes,))
+        q = fit_variational_zoo(spec, dataset, 2 * n_pairs, steps=steps, prior_std=prior_std, seed=seed)
+        vi = variational_barriers(spec, q["mean"], q["std"], ds.x_test, ds.y_test, n_samples=n_samples,
+                                  seed=seed)
+        rows["naive"].append(vi["naive"]["barrier"])
+        rows["aligned"].append(vi["aligned"]["barrier"])
+        rows["end_loss"].append(vi["naive"]["loss"][:, [0, -1]].mean(1))
+    return {"widths": torch.tensor([int(w) for w in widths]), **{k: torch.stack(v) for k, v in rows.items()}}
 
 
 def inr_paths(spec: MLPSpec, nets: dict[str, Tensor], *, n_grid: int = 32, n_points: int = 25) -> dict[str, dict]:
