@@ -76,9 +76,10 @@ def test_published_tables_are_consistent_and_cite_the_bibliography():
 
 def test_published_numbers_are_typed_only_in_the_table():
     # the numbers of the tables chapters 5 and 6 show, as they would be typed (at least three digits)
-    numbers = {f"{v}" for key in ("navon2024/mlp_alignment", "boufalis2025/inr_reconstruction")
+    numbers = {f"{v}" for key in ("navon2024/mlp_alignment", "navon2024/cnn_alignment",
+                                  "navon2024/cnn_runtime", "boufalis2025/inr_reconstruction")
                for row in published.table(key).rows.values() for v in row if len(f"{v}") >= 5}
-    assert {"2.007", "0.047", "0.0096", "0.0135"} <= numbers
+    assert {"2.007", "0.047", "0.0096", "0.0135", "1.124", "79.81"} <= numbers
     sources = [p for p in (ROOT / "wsbook").rglob("*.py") if p.name != "published.py"]
     sources += sorted((ROOT / "chapters").glob("*.md"))
     found = [(p.name, n) for p in sources for n in numbers
@@ -181,6 +182,31 @@ def test_guided_posterior_samples_and_their_control():
     prior = pf.prior_draws("breast_cancer", 6, torch.Generator().manual_seed(0))
     loss = lambda th: per_member_loss(task.spec, th, ds.x_train, ds.y_train, task.task).mean()
     assert loss(out["prior + guidance"][0]) < loss(prior)
+
+
+def test_cnn_digit_zoo_and_alignment_through_the_same_code():
+    from wsbook import data as wdata
+    from wsbook import symmetry as S
+    from wsbook.experiments import alignment
+    from wsbook.nets import CNNSpec
+
+    with pytest.raises(ValueError, match="8x8"):
+        zoos.digit_images(torch.zeros(3, 63))
+    ds = wdata.load("digits", device="cpu")
+    spec = CNNSpec(1, (4, 5), n_classes=10)
+    zoo = zoos.train_cnn_zoo(spec, 2, steps=40).cpu()
+    assert zoo.shape == (2, spec.n_params) and zoos.train_cnn_zoo.cache_name == "zoo/cnn_digits"
+    with pytest.raises(ValueError, match="1 input channel"):
+        zoos.train_cnn_zoo(CNNSpec(3, (4,), n_classes=10), 2, steps=1)
+    x, xt = zoos.digit_images(ds.x_train[:64]), zoos.digit_images(ds.x_test[:64])
+    reverse = [torch.arange(w).flip(0).expand(2, w) for w in (4, 5)]   # never the identity
+    planted = S.permute(spec, zoo, reverse)                             # same functions, permuted channels
+    res = alignment.compare_alignments(spec, zoo, planted, x, ds.y_train[:64], xt, ds.y_test[:64],
+                                       methods=("naive", "weight_matching", "activation_matching"))
+    assert ((planted - zoo).abs().amax(1) > 1e-2).all()
+    for m in ("weight_matching", "activation_matching"):
+        assert (res[m]["aligned"] - zoo).abs().max() < 1e-5, m
+        assert res[m]["barrier"].abs().max() < 1e-5 and res[m]["seconds_per_pair"] > 0
 
 
 def test_variational_width_sweep_reuses_the_fits():

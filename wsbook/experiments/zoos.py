@@ -15,7 +15,7 @@ from wsbook.bayes.vi import fit_mean_field
 from wsbook.cache import cached
 from wsbook.graphs.inr import pixel_grid, render
 from wsbook.graphs.train import embed_population
-from wsbook.nets import MLPSpec, accuracy, train_population
+from wsbook.nets import CNNSpec, MLPSpec, accuracy, train_population
 
 
 @cached("zoo/trained", version=1)
@@ -42,6 +42,39 @@ def train_zoo(spec: MLPSpec, dataset: str, n: int, *, steps: int, lr: float = 3e
     return train_population(spec, theta0, ds.x_train, ds.y_train, steps=steps, lr=lr, batch_size=batch_size,
                             weight_decay=weight_decay, generator=gen,
                             task="classification" if ds.n_classes else "regression").theta
+
+
+def digit_images(x: Tensor) -> Tensor:
+    """Flattened 8x8 digit images ``[N, 64]`` (:func:`wsbook.data.load` ``("digits")``) as one-channel images
+    ``[N, 1, 8, 8]``, the input of a :class:`wsbook.nets.CNNSpec`."""
+    if x.dim() != 2 or x.shape[1] != 64:
+        raise ValueError(f"digit_images expects flattened 8x8 digits [N, 64]; got {tuple(x.shape)}")
+    return x.reshape(-1, 1, 8, 8)
+
+
+@cached("zoo/cnn_digits", version=1)
+def train_cnn_zoo(spec: CNNSpec, n: int, *, steps: int, lr: float = 3e-3, batch_size: int = 64,
+                  seed: int = 0) -> Tensor:
+    """``n`` CNN classifiers of the 8x8 digits trained independently (different initialisations and
+    minibatch orders) with Adam, all in one population: ``[n, D]`` (cached).
+
+    See chapter 5, "Convolutional classifiers" (in "Experiment 1").
+
+    Args:
+        spec: a CNN with one input channel and 10 classes.
+        n: number of networks.
+        steps: Adam steps of every network.
+        lr: learning rate.
+        batch_size: minibatch size (each network draws its own minibatches).
+        seed: seeds the initialisations and the minibatch orders.
+    """
+    if not isinstance(spec, CNNSpec) or spec.in_channels != 1 or spec.n_classes != 10:
+        raise ValueError(f"train_cnn_zoo needs a CNNSpec with 1 input channel and 10 classes; got {spec}")
+    ds = data.load("digits")
+    gen = torch.Generator().manual_seed(seed)
+    theta0 = spec.init(n, generator=gen)
+    return train_population(spec, theta0, digit_images(ds.x_train), ds.y_train, steps=steps, lr=lr,
+                            batch_size=batch_size, generator=gen).theta
 
 
 @cached("zoo/variational", version=1)
