@@ -17,6 +17,10 @@ def test_config_names_and_errors():
     assert flows.flow_config("geometric", "aligned_ot").name == "geometric_aligned_ot"
     assert flows.flow_config("normalized", "aligned").name == "normalized_aligned"
     assert flows.flow_config("euclidean", "plain").name == "euclidean"
+    # an anchor only on aligned charts; on plain charts an equivariant field with pairs aligned instead
+    plain, aligned = flows.flow_config("geometric", "plain"), flows.flow_config("geometric", "aligned")
+    assert (plain.anchored, plain.align_pairs) == (False, True)
+    assert (aligned.anchored, aligned.align_pairs) == (True, False)
     base = flows.baseline_config()
     assert (base.field, base.chart, base.aligned, base.coupling) == ("flat", "euclidean", True, "ot")
     with pytest.raises(ValueError, match="variant"):
