@@ -23,6 +23,10 @@ def test_config_names_and_errors():
     assert (aligned.anchored, aligned.align_pairs) == (True, False)
     base = flows.baseline_config()
     assert (base.field, base.chart, base.aligned, base.coupling) == ("flat", "euclidean", True, "ot")
+    ext, head = flows.extended_config(), flows.flow_config("euclidean", "aligned_ot")
+    assert ext.name == head.name and ext.global_context and not head.global_context
+    assert ext.steps == flows.EXTENDED_STEPS * head.steps and ext.lr > head.lr
+    assert flows.extended_config(steps=7).steps == 7
     with pytest.raises(ValueError, match="variant"):
         flows.flow_config("geometric", "sorted")
     with pytest.raises(ValueError, match="chart"):

@@ -321,8 +321,9 @@ def test_field_signature_and_time_on_edges():
         GraphBatch.from_populations([(MLP, x), (MLPSpec((4, 7, 3)), torch.randn(1, 4 * 7 + 7 + 7 * 3 + 3))])
 
 
-@pytest.mark.parametrize("heads,attention", [(1, "neighbours"), (4, "neighbours"), (2, "all")])
-def test_dense_blocks_compute_the_gathered_function_and_gradient(heads, attention):
+@pytest.mark.parametrize("heads,attention,global_context", [(1, "neighbours", False), (4, "neighbours", True),
+                                                            (2, "all", False)])
+def test_dense_blocks_compute_the_gathered_function_and_gradient(heads, attention, global_context):
     """A batch of one architecture runs the relational layers on dense [out, in] blocks; a batch of two
     parts takes the gather/scatter route. Same values and same parameter gradients (float64)."""
     from wsbook.graphs import GraphBatch, WeightSpaceField
@@ -330,7 +331,11 @@ def test_dense_blocks_compute_the_gathered_function_and_gradient(heads, attentio
     torch.manual_seed(0)
     spec = MLPSpec((5, 7, 3, 4, 2))
     field = WeightSpaceField(spec, "relational_transformer", dim=8, n_layers=2, heads=heads,
-                             attention=attention).double()
+                             attention=attention, global_context=global_context).double()
+    if global_context:          # the virtual node starts at zero: give it weights so that it counts
+        with torch.no_grad():
+            for lin in field.gnn.global_in:
+                lin.weight.normal_()
     x, t = torch.randn(6, spec.n_params, dtype=torch.float64), torch.rand(6, dtype=torch.float64)
     graph = NeuralGraph.of(spec)
     results = []

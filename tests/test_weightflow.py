@@ -252,6 +252,32 @@ def test_gnn_field_is_equivariant_and_batch_independent():
         assert not torch.allclose(permute(SPEC, flat(t, theta), perms), flat(t, permute(SPEC, theta, perms)), atol=1e-3)
 
 
+def test_global_context_keeps_the_field_equivariant_and_batch_independent_and_reads_the_whole_network():
+    field = gnn_field(SPEC, dim=8, n_layers=1, global_context=True)
+    with torch.no_grad():      # the virtual node starts at zero; give it weights so the check can fail
+        for lin in field.net.gnn.global_in:
+            lin.weight.normal_(generator=gen(12))
+    theta = zoo(6)
+    perms = random_permutation(SPEC, 6, gen(10))
+    t = torch.rand(6, generator=gen(11))
+    with torch.no_grad():
+        out, out_perm = field(t, theta), field(t, permute(SPEC, theta, perms))
+        one_by_one = torch.cat([field(t[i:i + 1], theta[i:i + 1]) for i in range(6)])
+        # one layer of message passing: a change far away (the last layer's weights) reaches the first
+        # layer's outputs only through the virtual node
+        w0, _ = SPEC.slices(0)
+        wl, _ = SPEC.slices(SPEC.n_layers - 1)
+        far = theta.clone()
+        far[:, wl] += 1.0
+        local = gnn_field(SPEC, dim=8, n_layers=1)
+        moved = field(t, far)[:, w0] - out[:, w0]
+        unmoved = local(t, far)[:, w0] - local(t, theta)[:, w0]
+    assert torch.allclose(permute(SPEC, out, perms), out_perm, atol=1e-5)
+    assert torch.allclose(out, one_by_one, atol=1e-5)
+    assert moved.abs().max() > 1e-4 and unmoved.abs().max() < 1e-6
+    assert WeightFlow.from_state(WeightFlow(EuclideanChart(SPEC), field).state_dict()).field.net.gnn.global_context
+
+
 def test_anchored_field_is_equivariant_in_the_pair_and_reads_its_anchor():
     field = gnn_field(SPEC, dim=8, n_layers=2, anchored=True)
     theta, anchor = zoo(6), zoo(1, seed=3)

@@ -64,11 +64,17 @@ class WeightSpaceGNN(nn.Module):
         channels: values read per weight and bias: 1 (the network), or 2 (the network and a context
             network of the same spec passed as ``context=``, e.g. an anchor; permuting both together
             permutes the output, so the model stays equivariant in the pair).
+        global_context: before every layer, add to every node and edge a learned linear function of the
+            mean node and mean edge feature of its graph (a virtual node; invariant to hidden-neuron
+            permutations, so the model stays equivariant). Message passing over a few layers sees only a
+            neighbourhood; a global summary (e.g. how far a whole network is trained, its overall scale)
+            otherwise reaches a neuron only as the average of many local guesses.
     """
 
     def __init__(self, spec: Spec | NeuralGraph, layer: str = "pna", dim: int = 32, n_layers: int = 3,
                  head: str = "invariant", out_dim: int = 1, time: bool = False, attention: str = "neighbours",
-                 heads: int = 4, mean_log_degree: float | None = None, n_time: int = 8, channels: int = 1):
+                 heads: int = 4, mean_log_degree: float | None = None, n_time: int = 8, channels: int = 1,
+                 global_context: bool = False):
         super().__init__()
         if layer not in LAYERS:
             raise ValueError(f"layer must be one of {LAYERS}; got {layer!r}")
@@ -90,6 +96,12 @@ class WeightSpaceGNN(nn.Module):
             self.layers = nn.ModuleList(RelationalTransformerLayer(dim, heads, attention) for _ in range(n_layers))
         self.time = TimeEmbedding(dim, n_time) if time else None
         self.time_film = nn.ModuleList(nn.Linear(dim, 4 * dim) for _ in range(n_layers)) if time else None
+        self.global_context = bool(global_context)
+        self.global_in = nn.ModuleList(nn.Linear(2 * dim, 2 * dim) for _ in range(n_layers)) if global_context else None
+        if self.global_in is not None:      # zero at start: the model begins as the purely local one
+            for lin in self.global_in:
+                nn.init.zeros_(lin.weight)
+                nn.init.zeros_(lin.bias)
         # one input scale per layer role (ROLES), not per node or edge: width- and depth-free
         self.register_buffer("node_scale", torch.ones(N_ROLES))
         self.register_buffer("edge_scale", torch.ones(N_ROLES))
@@ -162,16 +174,27 @@ class WeightSpaceGNN(nn.Module):
         # and the relational layers run on dense blocks instead of gathering (same function)
         G = batch.num_graphs
         layout = LayeredLayout(G, batch.graph.widths) if len(batch.parts) == 1 else None
-        edge_batch = batch.edge_batch if cond is not None and layout is None else None
+        need_edge_batch = layout is None and (cond is not None or self.global_in is not None)
+        edge_batch = batch.edge_batch if need_edge_batch else None
+
+        def affine(x: Tensor, index: Tensor | None, scale: Tensor | None, shift: Tensor) -> Tensor:
+            """``x * (1 + scale) + shift`` with the rows of ``scale`` and ``shift`` per graph."""
+            if layout is None:
+                return (x if scale is None else x * (1 + scale[index])) + shift[index]
+            v = x.view(G, -1, x.shape[-1])
+            return ((v if scale is None else v * (1 + scale[:, None])) + shift[:, None]).view(x.shape)
+
+        def graph_mean(x: Tensor, index: Tensor | None) -> Tensor:
+            return global_mean_pool(x, index, G) if layout is None else x.view(G, -1, x.shape[-1]).mean(1)
+
         for k, layer in enumerate(self.layers):
             if cond is not None:
                 gamma_h, beta_h, gamma_e, beta_e = self.time_film[k](cond).chunk(4, -1)
-                if layout is None:
-                    h = h * (1 + gamma_h[batch.batch]) + beta_h[batch.batch]
-                    e = e * (1 + gamma_e[edge_batch]) + beta_e[edge_batch]
-                else:
-                    h = (h.view(G, -1, h.shape[-1]) * (1 + gamma_h[:, None]) + beta_h[:, None]).view(h.shape)
-                    e = (e.view(G, -1, e.shape[-1]) * (1 + gamma_e[:, None]) + beta_e[:, None]).view(e.shape)
+                h, e = affine(h, batch.batch, gamma_h, beta_h), affine(e, edge_batch, gamma_e, beta_e)
+            if self.global_in is not None:          # the virtual node: every node and edge reads its graph's means
+                pooled = torch.cat([graph_mean(h, batch.batch), graph_mean(e, edge_batch)], -1)
+                add_h, add_e = self.global_in[k](pooled).chunk(2, -1)
+                h, e = affine(h, batch.batch, None, add_h), affine(e, edge_batch, None, add_e)
             if layout is not None and isinstance(layer, RelationalTransformerLayer):
                 h, e = layer(h, batch.edge_index, e, batch.batch, layout=layout)
             else:
@@ -223,17 +246,17 @@ class WeightSpaceField(nn.Module):
 
     Args:
         spec: the architecture the field is built for (default spec of :meth:`forward`).
-        layer, dim, n_layers, attention, heads, mean_log_degree, n_time, channels: as for
+        layer, dim, n_layers, attention, heads, mean_log_degree, n_time, channels, global_context: as for
             :class:`WeightSpaceGNN`.
     """
 
     def __init__(self, spec: Spec | NeuralGraph, layer: str = "pna", dim: int = 32, n_layers: int = 3, *,
                  attention: str = "neighbours", heads: int = 4, mean_log_degree: float | None = None,
-                 n_time: int = 8, channels: int = 1):
+                 n_time: int = 8, channels: int = 1, global_context: bool = False):
         super().__init__()
         self.gnn = WeightSpaceGNN(spec, layer, dim=dim, n_layers=n_layers, head="equivariant", time=True,
                                   attention=attention, heads=heads, mean_log_degree=mean_log_degree, n_time=n_time,
-                                  channels=channels)
+                                  channels=channels, global_context=global_context)
 
     @property
     def graph(self) -> NeuralGraph:

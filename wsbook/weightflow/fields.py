@@ -65,21 +65,24 @@ class GNNField(nn.Module):
             breaking the symmetry from the noise alone. The anchor's neuron tells the field which neuron
             it is looking at, while the field stays equivariant in the pair (x, anchor). An anchored
             field exists for the width of its anchor (no :meth:`with_spec` to another width).
+        global_context: every layer also reads the mean node and edge feature of its network (a virtual
+            node, :class:`~wsbook.graphs.WeightSpaceGNN`): a global summary such as how far the whole
+            network is trained, which local message passing can only average from many local guesses.
         core: an existing trained :class:`WeightSpaceField` and skip to share (used by :meth:`with_spec`).
     """
 
     def __init__(self, spec: MLPSpec, layer: str = "relational_transformer", dim: int = 32, n_layers: int = 3,
-                 heads: int = 1, attention: str = "neighbours", skip: bool = True, anchored: bool = False, *,
-                 core: tuple[WeightSpaceField, nn.Module | None] | None = None):
+                 heads: int = 1, attention: str = "neighbours", skip: bool = True, anchored: bool = False,
+                 global_context: bool = False, *, core: tuple[WeightSpaceField, nn.Module | None] | None = None):
         super().__init__()
         if not isinstance(spec, MLPSpec):
             raise TypeError(f"gnn_field needs an MLPSpec; got {type(spec).__name__}")
         self.spec, self.anchored = spec, bool(anchored)
         self.kwargs = dict(layer=layer, dim=dim, n_layers=n_layers, heads=heads, attention=attention, skip=skip,
-                           anchored=self.anchored)
+                           anchored=self.anchored, global_context=bool(global_context))
         if core is None:
             core = (WeightSpaceField(spec, layer, dim=dim, n_layers=n_layers, attention=attention, heads=heads,
-                                     channels=2 if anchored else 1),
+                                     channels=2 if anchored else 1, global_context=global_context),
                     _Skip(spec.n_layers, dim) if skip else None)
         self.net, self.skip = core
         if self.anchored:       # in the units the field reads (WeightFlow divides by its per-layer scale)
@@ -143,12 +146,13 @@ class FlatField(TimeMLP):
 
 
 def gnn_field(spec: MLPSpec, layer: str = "relational_transformer", dim: int = 32, n_layers: int = 3,
-              heads: int = 1, attention: str = "neighbours", skip: bool = True, anchored: bool = False) -> nn.Module:
+              heads: int = 1, attention: str = "neighbours", skip: bool = True, anchored: bool = False,
+              global_context: bool = False) -> nn.Module:
     """The book's vector field over weights: ``field(t, x)``, an equivariant, time-conditioned GNN on the
     neural graph of ``spec`` (arguments as in :class:`GNNField`), with ``with_spec`` for width transfer
     (unanchored fields)."""
     return GNNField(spec, layer=layer, dim=dim, n_layers=n_layers, heads=heads, attention=attention, skip=skip,
-                    anchored=anchored)
+                    anchored=anchored, global_context=global_context)
 
 
 FIELDS = {"gnn": GNNField, "flat": FlatField}
