@@ -160,9 +160,10 @@ def extended_config(**overrides) -> FlowConfig:
     over held-out runs by 0.084. Most of the zoo's spread in function space is how far a run had trained
     when a checkpoint was taken, a property of the whole network; a purely local field decides it neuron by
     neuron, and the average of many local guesses concentrates. With the global context: 0.070 and 2.7
-    floors (3.3 at ``lr=5e-3``); 2.5 at 3200 steps, 2.2 at 4000 (some 5 minutes on one core: 1600 took 2), its
-    samples as far from the training zoo as held-out runs (nearest-neighbour ratio 1.00). A third GNN layer
-    gave 2.5 floors at 1600 steps for half as much time again per step.
+    floors (3.3 at ``lr=5e-3``); 2.5 at 3200 steps, 2.2 at 4000 (2.5 with training seed 1; about 0.07 s a
+    step on one core, some 5 minutes), its samples as far from the training zoo as held-out runs
+    (nearest-neighbour ratio 1.00; 0.99 with seed 1). A third GNN layer gave 2.5 floors at 1600 steps for
+    half as much time again per step.
     """
     return flow_config("euclidean", "aligned_ot", **{"steps": EXTENDED_STEPS * flow_config("euclidean").steps,
                                                     "lr": 1e-2, "global_context": True, **overrides})
