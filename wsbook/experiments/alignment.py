@@ -212,8 +212,9 @@ def compare_learned_alignment(aligner: LearnedAligner, theta_a: Tensor, theta_b:
                               y_fit: Tensor, x_eval: Tensor, y_eval: Tensor, *, sinkhorn_steps: int = 200,
                               seed: int = 0) -> dict:
     """Align every ``theta_b[i]`` to ``theta_a[i]`` with: nothing (naive), weight matching, Sinkhorn re-basin
-    (interpolation loss on ``x_fit``), the learned aligner, and Sinkhorn started from weight matching or from
-    the learned aligner (paper ``001``, table 1).
+    (interpolation loss on ``x_fit``), the learned aligner, Sinkhorn started from weight matching or from
+    the learned aligner (paper ``001``, table 1), and weight matching started from the learned aligner
+    (``learned_wm``: coordinate descent from the learned permutations only).
 
     See chapter 6, "Experiment 2: learned alignment".
 
@@ -255,6 +256,8 @@ def compare_learned_alignment(aligner: LearnedAligner, theta_a: Tensor, theta_b:
         spec, theta_a, theta_b, x_fit, y_fit, loss="random", steps=sinkhorn_steps, init=learned_perms, generator=gen()))
     aligned["learned_sinkhorn"] = learned_sk.aligned
     seconds["learned_sinkhorn"] = seconds["learned"] + t
+    learned_wm, t = timed(lambda: weight_matching(spec, theta_a, theta_b, starts=("identity",), init=learned_perms))
+    aligned["learned_wm"], seconds["learned_wm"] = learned_wm.aligned, seconds["learned"] + t
     out = {}
     for name, theta in aligned.items():
         curve = interpolation_curve(spec, theta_a, theta, x_eval, y_eval)
