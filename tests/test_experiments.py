@@ -10,6 +10,7 @@ import torch
 
 from wsbook.experiments import graphs as gexp
 from wsbook.experiments import published, tasks, zoos
+from wsbook.nets import MLPSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -223,3 +224,26 @@ def test_variational_width_sweep_reuses_the_fits():
                                          n_samples=2)
     torch.testing.assert_close(sweep["aligned"][1], one["aligned"]["barrier"].to(sweep["aligned"]))
     assert alignment.variational_width_sweep.cache_name == "align/variational_width"
+
+
+def test_merge_canonical_forms_paths_and_orbit_pairs():
+    from wsbook.experiments.alignment import merge_canonical_forms
+    from wsbook.graphs.inr import INRAutoencoder, orbit_partner, pixel_grid, render
+
+    torch.manual_seed(0)
+    spec = MLPSpec((2, 6, 6, 1), activation="sine", frequency=3.0)
+    a = spec.init(4, "siren", generator=torch.Generator().manual_seed(0), device="cpu")
+    images = render(spec, a, pixel_grid(8)).detach()             # a draws its image exactly
+    partner = orbit_partner(spec, a, noise=0.0, generator=torch.Generator().manual_seed(1))
+    ae = INRAutoencoder(spec, dim=8, n_layers=1, latent=4, decoder_hidden=16)
+    out = merge_canonical_forms(ae, a, partner, images, n_points=9)
+    assert set(out) == {"naive", "weight_matching", "autoencoder"}
+    for v in out.values():
+        assert v["loss"].shape == (4, 9) and v["barrier"].shape == (4,)
+        torch.testing.assert_close(v["max_loss"], v["loss"].amax(1))
+    # one orbit: matching undoes the permutation and flips, the encoder gives both one code
+    assert out["weight_matching"]["max_loss"].max() < 1e-8
+    assert out["autoencoder"]["barrier"].abs().max() < 1e-6
+    assert out["naive"]["barrier"].min() > 1e-3
+    with pytest.raises(ValueError, match="images"):
+        merge_canonical_forms(ae, a, partner, images[:, :10])

@@ -349,3 +349,30 @@ def test_dense_blocks_compute_the_gathered_function_and_gradient(heads, attentio
     torch.testing.assert_close(dense, gathered, atol=1e-12, rtol=0)
     for a, b in zip(g_dense, g_gathered):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+def test_fit_aligner_noise_range_and_interpolation_points():
+    from wsbook.figures import aligner_learning_curves
+    from wsbook.graphs.align import LearnedAligner, fit_aligner
+
+    torch.manual_seed(0)
+    spec = MLPSpec((4, 6, 5, 3))
+    zoo = _population(spec, 6, 0)
+    x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+    runs = {}
+    for lmc_at in ("midpoint", "uniform"):
+        torch.manual_seed(0)
+        aligner = LearnedAligner(spec, dim=8, n_layers=1, layer="relational_transformer")
+        runs[lmc_at] = fit_aligner(aligner, zoo, x, y, steps=4, batch_size=3, noise=(0.0, 0.5), lmc_at=lmc_at)
+        assert runs[lmc_at].shape == (4, 2) and torch.isfinite(runs[lmc_at]).all()
+    # the same pairs and planted copies; only the interpolation points differ
+    torch.testing.assert_close(runs["midpoint"][0, 0], runs["uniform"][0, 0])
+    assert runs["midpoint"][0, 1] != runs["uniform"][0, 1]
+    with pytest.raises(ValueError, match="lmc_at"):
+        fit_aligner(aligner, zoo, x, y, steps=1, lmc_at="end")
+    with pytest.raises(ValueError, match="noise"):
+        fit_aligner(aligner, zoo, x, y, steps=1, noise=(0.5, 0.1))
+    fig = aligner_learning_curves(runs["uniform"], window=2)
+    assert len(fig.data) == 2 and len(fig.data[0].x) == 3
+    with pytest.raises(ValueError, match="history"):
+        aligner_learning_curves(runs["uniform"][:, :1])

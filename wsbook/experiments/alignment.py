@@ -253,8 +253,9 @@ def compare_learned_alignment(aligner: LearnedAligner, theta_a: Tensor, theta_b:
                               y_fit: Tensor, x_eval: Tensor, y_eval: Tensor, *, sinkhorn_steps: int = 200,
                               seed: int = 0) -> dict:
     """Align every ``theta_b[i]`` to ``theta_a[i]`` with: nothing (naive), weight matching, Sinkhorn re-basin
-    (interpolation loss on ``x_fit``), the learned aligner, and Sinkhorn started from weight matching or from
-    the learned aligner (paper ``001``, table 1).
+    (interpolation loss on ``x_fit``), the learned aligner, Sinkhorn started from weight matching or from
+    the learned aligner (paper ``001``, table 1), and weight matching started from the learned aligner
+    (``learned_wm``: coordinate descent from the learned permutations only).
 
     See chapter 6, "Experiment 2: learned alignment".
 
@@ -296,9 +297,51 @@ def compare_learned_alignment(aligner: LearnedAligner, theta_a: Tensor, theta_b:
         spec, theta_a, theta_b, x_fit, y_fit, loss="random", steps=sinkhorn_steps, init=learned_perms, generator=gen()))
     aligned["learned_sinkhorn"] = learned_sk.aligned
     seconds["learned_sinkhorn"] = seconds["learned"] + t
+    learned_wm, t = timed(lambda: weight_matching(spec, theta_a, theta_b, starts=("identity",), init=learned_perms))
+    aligned["learned_wm"], seconds["learned_wm"] = learned_wm.aligned, seconds["learned"] + t
     out = {}
     for name, theta in aligned.items():
         curve = interpolation_curve(spec, theta_a, theta, x_eval, y_eval)
         out[name] = {"barrier": barrier(curve).mean().item(), "auc": auc(curve).mean().item(),
                      "seconds_per_pair": seconds[name], "curve": curve["loss"].mean(0)}
+    return out
+
+
+def merge_canonical_forms(autoencoder, theta_a: Tensor, theta_b: Tensor, images: Tensor, *,
+                          n_points: int = 21, seed: int = 0) -> dict[str, dict]:
+    """Merge two *independently* fitted SIRENs of the same image along the linear path between: the networks
+    as fitted (naive), ``theta_b`` after sign-aware weight matching to ``theta_a``, and the two canonical
+    forms the autoencoder decodes (Boufalis et al., 2025, paper ``004``). Unlike two members of one orbit,
+    two independent fits have different codes, so a flat canonical path is not guaranteed by construction.
+
+    See chapter 6, "Merging independently fitted networks".
+
+    Args:
+        autoencoder: a trained :class:`wsbook.graphs.inr.INRAutoencoder` (its ``spec`` is the SIRENs').
+        theta_a: SIRENs fitted from one initialisation ``[B, D]``.
+        theta_b: SIRENs of the same images fitted from another ``[B, D]``.
+        images: the image of each pair ``[B, 64]`` (pixels of an 8x8 grid).
+        n_points: points on each path, both ends included.
+        seed: seeds weight matching.
+
+    Returns:
+        Per method (``naive``, ``weight_matching``, ``autoencoder``) the pixel-MSE ``loss [B, n_points]``,
+        ``barrier [B]``, the mean MSE along the path ``mean_loss [B]`` and the largest ``max_loss [B]``.
+    """
+    from wsbook.graphs.inr import pixel_grid
+
+    spec = autoencoder.spec
+    a, b = spec.check(theta_a, "theta_a"), spec.check(theta_b, "theta_b")
+    if a.shape != b.shape or images.shape != (a.shape[0], 64):
+        raise ValueError(f"need theta_a, theta_b [B, {spec.n_params}] and images [B, 64]; got "
+                         f"{tuple(a.shape)}, {tuple(b.shape)} and {tuple(images.shape)}")
+    matched = sign_aware_weight_matching(spec, a, b, generator=torch.Generator().manual_seed(seed)).aligned
+    autoencoder.eval()
+    with torch.no_grad():
+        ca, cb = autoencoder(a), autoencoder(b)
+    pixels, targets = pixel_grid(8, a.device), images.unsqueeze(-1)
+    out = {}
+    for name, (u, v) in {"naive": (a, b), "weight_matching": (a, matched), "autoencoder": (ca, cb)}.items():
+        loss = interpolation_curve(spec, u, v, pixels, targets, n_points=n_points, task="regression")["loss"]
+        out[name] = {"loss": loss, "barrier": barrier(loss), "mean_loss": loss.mean(1), "max_loss": loss.amax(1)}
     return out

@@ -10,7 +10,7 @@ book's template and renderer (chapters call it through :func:`wsbook.experiments
 """
 from wsbook.figures.bayes import entropy_maps, function_samples, regression_panels
 from wsbook.figures.flows import sphere_geometry, sphere_samples, trajectories_2d
-from wsbook.figures.graphs import draw_neural_graph
+from wsbook.figures.graphs import aligner_learning_curves, draw_neural_graph
 from wsbook.figures.style import (METHOD_COLORS, METHOD_LABELS, PALETTE, TEMPLATE, BookRenderer, color, curves_with_bands,
                                   heatmap_grid, label, rgba, scene3d, setup,
                                   sphere_surface)
@@ -21,5 +21,5 @@ __all__ = [
     "curves_with_bands", "heatmap_grid", "scene3d", "sphere_surface",
     "function_samples", "regression_panels", "entropy_maps",
     "trajectories_2d", "sphere_geometry", "sphere_samples",
-    "neurons_on_sphere", "draw_neural_graph",
+    "neurons_on_sphere", "draw_neural_graph", "aligner_learning_curves",
 ]

@@ -60,3 +60,34 @@ def draw_neural_graph(graph: NeuralGraph, theta: Tensor, *, n_bins: int = 15, co
                                               showgrid=False),
                       yaxis=dict(visible=False), height=420)
     return fig
+
+
+def aligner_learning_curves(history: Tensor, *, window: int = 25, title: str = "") -> go.Figure:
+    """The two training losses of a learned aligner (:func:`wsbook.graphs.align.fit_aligner`) against the
+    step, each as a moving average over ``window`` steps, in two panels (their scales differ).
+
+    See chapter 6, "Experiment 2: learned alignment".
+
+    Args:
+        history: per-step losses ``[steps, 2]``: supervised (planted permutations), interpolation loss.
+        window: steps per moving average (at most the number of steps).
+        title: figure title.
+    """
+    from plotly.subplots import make_subplots
+
+    h = np.asarray(history.detach().cpu(), dtype=float)
+    if h.ndim != 2 or h.shape[1] != 2 or h.shape[0] == 0:
+        raise ValueError(f"history must be [steps, 2]; got {tuple(h.shape)}")
+    window = max(1, min(window, h.shape[0]))
+    kernel = np.ones(window) / window
+    steps = np.arange(window, h.shape[0] + 1)
+    names = ("planted permutations (cross-entropy)", "interpolation loss of the task")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=names)
+    for k, (name, c) in enumerate(zip(names, ("#0072B2", "#CC79A7"))):
+        smooth = np.convolve(h[:, k], kernel, mode="valid")
+        fig.add_trace(go.Scatter(x=steps, y=smooth, mode="lines", line=dict(color=c, width=2), name=name,
+                                 showlegend=False), row=1, col=k + 1)
+        fig.update_xaxes(title_text="training step", row=1, col=k + 1)
+    fig.update_yaxes(title_text=f"loss (mean of {window} steps)", row=1, col=1)
+    fig.update_layout(title=title, height=380)
+    return fig

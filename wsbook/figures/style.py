@@ -32,6 +32,7 @@ METHOD_COLORS: dict[str, str] = {
     # alignment
     "naive": "#999999", "weight_matching": "#0072B2", "activation_matching": "#009E73", "sinkhorn": "#E69F00",
     "wm_sinkhorn": "#D55E00", "learned": "#CC79A7", "autoencoder": "#CC79A7",
+    "learned_sinkhorn": "#882255", "learned_wm": "#AA4499",
     "sinkhorn_l2": "#F0E442", "sinkhorn_midpoint": "#E69F00", "sinkhorn_random": "#999933",
     "sign_aware_weight_matching": "#56B4E9", "variational_matching": "#0072B2", "mixture_path": "#AA4499",
     "same_initialisation": "#000000",
@@ -48,7 +49,8 @@ METHOD_LABELS: dict[str, str] = {
     "hmc": "HMC", "sgld": "SGLD", "sghmc": "SGHMC", "vi": "mean-field VI", "laplace": "Laplace (GGN)",
     "ensemble": "deep ensemble", "map": "MAP", "sgd_trajectory": "Adam checkpoints", "ot": "OT",
     "weight_matching": "weight matching", "activation_matching": "activation matching",
-    "wm_sinkhorn": "weight matching + Sinkhorn", "sinkhorn_l2": "Sinkhorn (L2)",
+    "wm_sinkhorn": "weight matching + Sinkhorn", "learned_sinkhorn": "learned + Sinkhorn",
+    "learned_wm": "learned + weight matching", "sinkhorn_l2": "Sinkhorn (L2)",
     "sinkhorn_midpoint": "Sinkhorn (midpoint loss)", "sinkhorn_random": "Sinkhorn (random)",
     "sign_aware_weight_matching": "sign-aware weight matching", "pna": "PNA",
     "relational_transformer": "relational transformer", "mlp": "MLP", "mlp_augmented": "MLP (augmented)",

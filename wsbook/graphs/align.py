@@ -58,11 +58,24 @@ class LearnedAligner(nn.Module):
 
 
 def fit_aligner(model: LearnedAligner, zoo: Tensor, x: Tensor, y: Tensor, *, steps: int = 300, batch_size: int = 16,
-                lr: float = 1e-3, noise: float = 0.02, lmc_weight: float = 1.0, n_iter: int = 20,
-                seed: int = 0) -> Tensor:
+                lr: float = 1e-3, noise: float | tuple[float, float] = 0.02, lmc_weight: float = 1.0,
+                lmc_at: str = "midpoint", n_iter: int = 20, seed: int = 0) -> Tensor:
     """Train on random pairs of ``zoo`` networks: cross-entropy of the Sinkhorn matrix against the planted
-    permutation of a noisy copy, plus ``lmc_weight`` times the task loss of the midpoint
-    ``(a + P(b)) / 2`` on a data batch (paper ``001``, eq. 6-7). Returns the per-step losses ``[steps, 2]``."""
+    permutation of a noisy copy, plus ``lmc_weight`` times the task loss of ``(1 - lam) a + lam P(b)`` on a
+    data batch (paper ``001``, eq. 6-7). Returns the per-step losses ``[steps, 2]`` (supervised, interpolation).
+
+    Args:
+        noise: std of the Gaussian noise added to a network before planting a permutation: one number, or
+            ``(low, high)`` to draw every copy's std uniformly from that range. Copies far from the original
+            (noise comparable to the weights) make the planted task resemble aligning independently
+            trained networks, which the equivariance alone does not solve.
+        lmc_at: ``"midpoint"`` (``lam = 1/2``) or ``"uniform"`` (``lam ~ U(0, 1)`` per pair, as in the paper).
+    """
+    if lmc_at not in ("midpoint", "uniform"):
+        raise ValueError(f"lmc_at must be 'midpoint' or 'uniform'; got {lmc_at!r}")
+    low, high = (noise, noise) if isinstance(noise, (int, float)) else noise
+    if not 0 <= low <= high:
+        raise ValueError(f"noise must be a std >= 0 or a range (low, high) with 0 <= low <= high; got {noise!r}")
     from wsbook.symmetry import inverse_permutation, permute, permute_soft, random_permutation, sinkhorn
 
     spec = model.spec
@@ -77,13 +90,16 @@ def fit_aligner(model: LearnedAligner, zoo: Tensor, x: Tensor, y: Tensor, *, ste
         a, b = zoo[idx[0]], zoo[idx[1]]
         # supervised: b' = g(a + noise); the alignment of b' to a is g^{-1}
         g = random_permutation(spec, batch_size, gen, device=zoo.device)
-        planted = permute(spec, a + noise * torch.randn(a.shape, generator=gen).to(a), g)
+        std = low + (high - low) * torch.rand(batch_size, 1, generator=gen)
+        planted = permute(spec, a + (std * torch.randn(a.shape, generator=gen)).to(a), g)
         target = inverse_permutation(g)
         ce = sum(-torch.log(sinkhorn(s, n_iter).gather(2, t.unsqueeze(2)).clamp_min(1e-9)).mean()
                  for s, t in zip(model.scores(a, planted), target))
         # unsupervised: the midpoint of a and the softly aligned b should fit the data
         P = [sinkhorn(s, n_iter) for s in model.scores(a, b)]
-        mid = 0.5 * (a + permute_soft(spec, b, P))
+        lam = torch.rand(batch_size, 1, generator=gen) if lmc_at == "uniform" else torch.full((batch_size, 1), 0.5)
+        lam = lam.to(a)
+        mid = (1 - lam) * a + lam * permute_soft(spec, b, P)
         rows = torch.randint(0, x.shape[0], (min(256, x.shape[0]),), generator=gen).to(x.device)
         lmc = per_member_loss(spec, mid, x[rows], y[rows]).mean()
         loss = ce + lmc_weight * lmc
