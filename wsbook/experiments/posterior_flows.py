@@ -494,5 +494,5 @@ def detection_table(task: str = "breast_cancer", charts: tuple[str, ...] = CHART
 
 
 __all__ = ["CHARTS", "FlowSettings", "flow_settings", "posterior_flow", "sample_flow", "methods_table",
-           "alignment_spread", "prior_draws", "gaussian_fits", "guided", "memorisation", "cost", "importance_sampling",
-           "reweighted", "detection_sets", "detection_table", "auroc", "OWN_SAMPLES"]
+           "alignment_spread", "prior_draws", "gaussian_fits", "guided", "memorisation", "cost",
+           "importance_sampling", "reweighted", "detection_sets", "detection_table", "auroc", "OWN_SAMPLES"]
