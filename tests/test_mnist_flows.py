@@ -47,3 +47,19 @@ def test_recipes_and_errors():
         mf.make_flow("nope", spec, ref[0], b)
     with pytest.raises(ValueError, match="task must be"):
         mf.task_data("fashion")
+
+
+def test_nearest_neighbour_ratio_is_one_for_held_out_runs_and_small_for_replayed_checkpoints():
+    from wsbook.experiments import targets
+
+    spec, g = MLPSpec((6, 4, 3)), torch.Generator().manual_seed(0)
+
+    def zoo(n):
+        return targets.Zoo("toy", spec, torch.randn(n, spec.n_params, generator=g), torch.arange(n), torch.ones(n),
+                           None, 0.0)
+
+    parts = {"train": zoo(40), "held": zoo(10)}
+    replayed = parts["train"].theta[:10] + 1e-3 * torch.randn(10, spec.n_params, generator=g)
+    ratio = mf.nearest_neighbour_ratio({"held": parts["held"].theta, "replayed": replayed}, parts)
+    assert ratio["held"] == pytest.approx(1.0)
+    assert ratio["replayed"] < 0.05

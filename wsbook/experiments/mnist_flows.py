@@ -11,7 +11,8 @@ Everything the page computes that costs more than a second lives here, cached wi
   Table 7.2 rows, plus ``plain_baseline``) trained on the training part and sampled, optionally for
   another hidden width (:meth:`WeightFlow.with_spec`) and with task-loss guidance.
 * :func:`score`, :func:`bma_curve`: per-network and model-averaged accuracy / NLL, diversity (mean pairwise
-  JSD of the predictive distributions) and the function-space MMD to held-out runs.
+  JSD of the predictive distributions) and the function-space MMD to held-out runs;
+  :func:`nearest_neighbour_ratio`: how close generated networks sit to the training checkpoints.
 * :func:`permuted_mnist`: the second task (MNIST with one fixed, seeded pixel permutation; Fashion-MNIST
   cannot be downloaded here) and :func:`init_curves` (flow samples as initialisation).
 * :func:`field_size_sweep`: sample quality against the width of the field.
@@ -275,6 +276,26 @@ def score(probs: Tensor, y: Tensor, held: Tensor | None = None, other: Tensor | 
     return row
 
 
+def nearest_neighbour_ratio(sets: dict[str, Tensor], parts: dict[str, targets.Zoo] | None = None) -> dict[str, float]:
+    """Memorisation, as on chapter 8's breast-cancer page: for every set of networks ``[n, D]`` in ``sets``,
+    the median distance from each network to its nearest training checkpoint (canonical networks aligned to
+    the last training checkpoint, :class:`~wsbook.weightflow.GeometricChart`) divided by the same median for
+    the held-out runs. About 1: as far from the training zoo as new runs of the recipe; well below 1: the
+    networks stay close to (or replay) the checkpoints the flow learned from.
+
+    Args:
+        sets: name -> networks of the zoo's architecture.
+        parts: :func:`split` (default: computed).
+    """
+    parts = split() if parts is None else parts
+    train = parts["train"]
+    canon = GeometricChart(train.spec, reference=train.theta[-1].cpu())
+    train_points = canon.to_points(train.theta.cpu())
+    held = float(distances.median_nn_distance(canon.to_points(parts["held"].theta.cpu()), train_points))
+    return {name: float(distances.median_nn_distance(canon.to_points(theta.cpu()), train_points)) / held
+            for name, theta in sets.items()}
+
+
 def bma_curve(probs: Tensor, y: Tensor, sizes: tuple[int, ...] = BMA_SIZES, repeats: int = 8,
               generator: torch.Generator | None = None) -> dict[int, dict]:
     """Accuracy and NLL of the model average of ``k`` random members for every ``k`` in ``sizes`` (at most
@@ -366,5 +387,5 @@ def field_size_sweep(recipe: str = "geometric_aligned_ot", y: Tensor | None = No
 
 
 __all__ = ["RECIPES", "TRANSFER", "BMA_SIZES", "Budget", "budget", "split", "permuted_mnist", "task_data", "make_flow",
-           "train_flow", "sample_flow", "probs_of", "score", "bma_curve", "trained_networks", "init_curves",
+           "train_flow", "sample_flow", "probs_of", "score", "nearest_neighbour_ratio", "bma_curve", "trained_networks", "init_curves",
            "field_size_sweep"]
