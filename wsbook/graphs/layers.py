@@ -265,12 +265,13 @@ class RelationalTransformerLayer(nn.Module):
             eq, ek, ev = (t.reshape(B, n_out, n_in, H, dh) for t in block.chunk(3, -1))
             qi, ki, vi = (t[l].unsqueeze(1) for t in nodes)                                  # [B, 1, in, H, dh]
             qo, ko, vo = (t[l + 1].unsqueeze(2) for t in nodes)                              # [B, out, 1, H, dh]
+            # the direction terms join the small node tensors first: one full-size add per term, not two
             # forward messages: target an out node j, source an in node i (reduce over i, axis 2)
-            logit = ((qo + eq + dq[0]) * (ki + ek + dk[0])).sum(-1) * scale                # [B, out, in, H]
-            inbox[l + 1].append((logit, vi + ev + dv[0], 2))
+            logit = ((eq + (qo + dq[0])) * (ek + (ki + dk[0]))).sum(-1) * scale            # [B, out, in, H]
+            inbox[l + 1].append((logit, ev + (vi + dv[0]), 2))
             # reverse messages: target an in node i, source an out node j (reduce over j, axis 1)
-            logit = ((qi + eq + dq[1]) * (ko + ek + dk[1])).sum(-1) * scale
-            inbox[l].append((logit, vo + ev + dv[1], 1))
+            logit = ((eq + (qi + dq[1])) * (ek + (ko + dk[1]))).sum(-1) * scale
+            inbox[l].append((logit, ev + (vo + dv[1]), 1))
         out = []
         for msgs in inbox:
             top = torch.stack([lg.amax(ax).detach() for lg, _, ax in msgs]).amax(0)        # [B, n, H]
