@@ -157,8 +157,8 @@ def extended_config(**overrides) -> FlowConfig:
     the settings that brought it closest to held-out breast-cancer runs on a CPU: :data:`EXTENDED_STEPS`
     times the steps of :func:`flow_config`, batches of 64 networks, a learning rate of ``1e-2``
     (cosine-decayed to 5 % as always), three message-passing layers (at ``ci``: the table's field and
-    batch), and a field whose layers also read a
-    global summary of the network (``global_context``, a virtual node).
+    batch), and a field whose layers also read a global summary of the network (``global_context``, a
+    virtual node).
 
     Measured at ``default`` (chapter 8's scores: function-space MMD to held-out runs in noise floors, 128
     networks, 16 midpoint steps; one change at a time). From 1600 steps at ``lr=3e-3`` (3.8 floors):
@@ -172,8 +172,8 @@ def extended_config(**overrides) -> FlowConfig:
     layers 2.06 / 1.87, four 1.82 / 3.68 (an unstable run), five 2.13; width 32 at this learning rate 5.3;
     three layers with batches of 64 (this configuration): 1.90 / 2.08. The score of one set of 128
     networks varies by about +-0.15 floors with the sampling seed alone (this configuration, seed 0: 1.90,
-    2.12, 2.21, 2.12 over four draws; 2.12 with 512 networks). Samples stay as far from the training zoo as held-out
-    runs (nearest-neighbour ratio 0.99-1.00). About 0.13 s a step on one busy core.
+    2.12, 2.21, 2.12 over four draws; 2.12 with 512 networks). Samples stay as far from the training zoo
+    as held-out runs (nearest-neighbour ratio 0.99-1.00). About 0.13 s a step on one busy core.
     """
     s = config.by_scale    # `ci` keeps the table's small field and batch: a check, not a measurement
     return flow_config("euclidean", "aligned_ot", **{"steps": EXTENDED_STEPS * flow_config("euclidean").steps,
@@ -490,7 +490,6 @@ def adam_curve(zoo_name: str, steps_list: tuple[int, ...], n: int, seed: int = 0
 
 
 __all__ = ["FlowConfig", "flow_config", "extended_config", "EXTENDED_STEPS", "baseline_config", "VARIANTS",
-           "solver_steps",
-           "ZooSplit", "zoo_split", "build_flow",
+           "solver_steps", "ZooSplit", "zoo_split", "build_flow",
            "TrainedFlow", "train_flow", "sample_flow", "References", "references", "score", "target_rows",
            "steps_curve", "adam_curve"]

@@ -276,7 +276,8 @@ def score(probs: Tensor, y: Tensor, held: Tensor | None = None, other: Tensor | 
     return row
 
 
-def nearest_neighbour_ratio(sets: dict[str, Tensor], parts: dict[str, targets.Zoo] | None = None) -> dict[str, float]:
+def nearest_neighbour_ratio(sets: dict[str, Tensor],
+                            parts: dict[str, targets.Zoo] | None = None) -> dict[str, float]:
     """Memorisation, as on chapter 8's breast-cancer page: for every set of networks ``[n, D]`` in ``sets``,
     the median distance from each network to its nearest training checkpoint (canonical networks aligned to
     the last training checkpoint, :class:`~wsbook.weightflow.GeometricChart`) divided by the same median for
@@ -387,5 +388,5 @@ def field_size_sweep(recipe: str = "geometric_aligned_ot", y: Tensor | None = No
 
 
 __all__ = ["RECIPES", "TRANSFER", "BMA_SIZES", "Budget", "budget", "split", "permuted_mnist", "task_data", "make_flow",
-           "train_flow", "sample_flow", "probs_of", "score", "nearest_neighbour_ratio", "bma_curve", "trained_networks", "init_curves",
-           "field_size_sweep"]
+           "train_flow", "sample_flow", "probs_of", "score", "nearest_neighbour_ratio", "bma_curve",
+           "trained_networks", "init_curves", "field_size_sweep"]
