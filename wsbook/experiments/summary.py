@@ -80,3 +80,33 @@ def posterior_headline(task: str = "breast_cancer") -> pd.DataFrame:
     table = pf.methods_table(task, n, rows)
     keep = ["hmc", "vi", "laplace", *rows]
     return table.loc[keep, ["tv_run1", "mmd2_run1", "accuracy"]]
+
+
+def sampling_cost() -> pd.DataFrame:
+    """The cost of a posterior sample as ``make bench`` last measured it (``benchmarks/results.csv``, lines
+    ``posterior_sample_<task>_<flow>_flow_<steps>_midpoint_steps`` of ``bench_weightflow``): one row per
+    (task, flow) with the seconds per independent network of the flow, HMC's seconds per effective sample
+    and their ratio. Empty when the file has no such lines.
+
+    See chapter 9, "Limits".
+    """
+    import re
+
+    from wsbook.experiments import performance
+
+    pattern = re.compile(r"posterior_sample_(?P<task>.+)_(?P<flow>gnn|posterior)_flow_"
+                         r"(?P<steps>\d+)_midpoint_steps")
+    try:
+        table, _ = performance.read_results()
+    except FileNotFoundError:
+        table = pd.DataFrame(columns=["name", "ours", "baseline"])
+    rows = []
+    for _, line in table.iterrows():
+        match = pattern.fullmatch(str(line["name"]))
+        if match:
+            ours, hmc = float(line["ours"]), float(line["baseline"])
+            rows.append(dict(task=match["task"], flow=match["flow"], steps=int(match["steps"]),
+                             seconds_per_network=ours, hmc_seconds_per_ess=hmc, ratio=hmc / ours))
+    return pd.DataFrame(rows, columns=["task", "flow", "steps", "seconds_per_network", "hmc_seconds_per_ess",
+                                       "ratio"]).set_index(["task", "flow"])
+
