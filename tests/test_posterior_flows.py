@@ -31,7 +31,7 @@ def test_flow_settings_choose_a_known_field():
     st = pf.flow_settings()
     assert st.field in ("flat", "gnn") and st.steps > 0 and st.n_probes >= 1
     spec = MLPSpec((3, 4, 2))
-    assert isinstance(pf._field(spec, st), torch.nn.Module)
+    assert isinstance(pf.posterior_field(spec, st), torch.nn.Module)
 
 
 def test_sample_flow_returns_networks_points_and_time():
