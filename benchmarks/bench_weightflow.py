@@ -97,13 +97,10 @@ def chapter_flows(task_name: str, spec: MLPSpec, prior_std: float) -> dict[str, 
     from wsbook.experiments import flows, mnist_flows, posterior_flows
 
     if task_name == "breast_cancer":
-        cfg = flows.extended_config()
-        gnn = gnn_field(spec, dim=cfg.dim, n_layers=cfg.n_layers, anchored=cfg.anchored,
-                        global_context=cfg.global_context)
-        gnn_steps = flows.solver_steps()
+        gnn, gnn_steps = flows.build_field(spec, flows.extended_config()), flows.solver_steps()
     else:
         b = mnist_flows.budget()
-        gnn, gnn_steps = gnn_field(spec, dim=b.dim, n_layers=b.n_layers, anchored=True), b.sample_steps
+        gnn, gnn_steps = mnist_flows.make_flow("euclidean_aligned_ot", spec, None, b).field, b.sample_steps
     return {"gnn": (WeightFlow(EuclideanChart(spec, sigma=0.1), gnn), gnn_steps),
             "posterior": (WeightFlow(EuclideanChart(spec, sigma=prior_std), posterior_flows.posterior_field(spec)),
                           posterior_flows.flow_settings().sample_steps)}

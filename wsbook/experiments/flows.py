@@ -239,6 +239,14 @@ def zoo_split(name: str, n_holdout: int | None = None, seed: int = 0) -> ZooSpli
     return ZooSplit(z, train, held, other, reference)
 
 
+def build_field(spec, cfg: FlowConfig):
+    """The untrained vector field of ``cfg`` for networks of ``spec``."""
+    if cfg.field == "gnn":
+        return gnn_field(spec, dim=cfg.dim, n_layers=cfg.n_layers, heads=cfg.heads, anchored=cfg.anchored,
+                         global_context=cfg.global_context)
+    return FlatField(spec, hidden=cfg.hidden, depth=cfg.depth)
+
+
 def build_flow(split: ZooSplit, cfg: FlowConfig) -> WeightFlow:
     """The untrained :class:`~wsbook.weightflow.WeightFlow` of ``cfg`` for the split's architecture."""
     spec = split.spec
@@ -248,12 +256,7 @@ def build_flow(split: ZooSplit, cfg: FlowConfig) -> WeightFlow:
     if cfg.chart != "euclidean":
         kw["last_layer"] = cfg.last_layer
     chart = make_chart(cfg.chart, spec, **kw)
-    if cfg.field == "gnn":
-        field = gnn_field(spec, dim=cfg.dim, n_layers=cfg.n_layers, heads=cfg.heads, anchored=cfg.anchored,
-                          global_context=cfg.global_context)
-    else:
-        field = FlatField(spec, hidden=cfg.hidden, depth=cfg.depth)
-    return WeightFlow(chart, field, coupling=cfg.coupling, align_pairs=cfg.align_pairs,
+    return WeightFlow(chart, build_field(spec, cfg), coupling=cfg.coupling, align_pairs=cfg.align_pairs,
                       parametrization=cfg.parametrization, time_distribution=cfg.time_distribution,
                       loss_weighting=cfg.loss_weighting)
 
@@ -490,6 +493,6 @@ def adam_curve(zoo_name: str, steps_list: tuple[int, ...], n: int, seed: int = 0
 
 
 __all__ = ["FlowConfig", "flow_config", "extended_config", "EXTENDED_STEPS", "baseline_config", "VARIANTS",
-           "solver_steps", "ZooSplit", "zoo_split", "build_flow",
+           "solver_steps", "ZooSplit", "zoo_split", "build_field", "build_flow",
            "TrainedFlow", "train_flow", "sample_flow", "References", "references", "score", "target_rows",
            "steps_curve", "adam_curve"]
