@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml book/jupyterlab-overrides.json
 	@touch $(STAMP)
 
 book: install
-	WSBOOK_PROGRESS=0 $(VENV)/bin/jupyter-book build . -W --keep-going
+	WSBOOK_PROGRESS=0 $(PY) -m wsbook.book . -W --keep-going
 	@echo "open _build/html/index.html"
 
 test: install browser-deps

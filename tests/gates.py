@@ -78,7 +78,8 @@ def gate_chapters(extra: list[str]) -> int:
 
 def gate_book(extra: list[str]) -> int:
     shutil.rmtree(CI_BUILD, ignore_errors=True)
-    return run([str(BIN / "jupyter-book"), "build", str(ROOT), "-W", "--keep-going", "--path-output", str(CI_BUILD)])
+    return run([str(BIN / "python"), "-m", "wsbook.book", str(ROOT), "-W", "--keep-going", "--path-output",
+                str(CI_BUILD)])
 
 
 def gate_browser(extra: list[str]) -> int:

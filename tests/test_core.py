@@ -1,6 +1,8 @@
 """wsbook.config, wsbook.data and wsbook.cache, plus the install files agreeing with each other."""
+import multiprocessing
 import random
 import re
+import time
 import warnings
 from pathlib import Path
 
@@ -137,6 +139,36 @@ def test_cache_write_is_atomic(monkeypatch):
     assert path.read_bytes() == good
     leftovers = [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
     assert leftovers == []
+
+
+@cache.cached("test/slow", version=1)
+def _slow(n: int, log: str):
+    with open(log, "a") as fh:          # one line per computation, from whichever process computes
+        fh.write("computed\n")
+    time.sleep(0.5)
+    return torch.arange(n)
+
+
+def _slow_in_child(n: int, log: str, out) -> None:
+    out.put(_slow(n, log).tolist())
+
+
+def test_processes_sharing_a_cache_compute_an_entry_once(tmp_path):
+    """Two chapters of a parallel book build asking for the same entry: one computes, the other waits for
+    its lock and reads the entry (no second computation, the same value)."""
+    log = str(tmp_path / "log.txt")
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    children = [ctx.Process(target=_slow_in_child, args=(4, log, out)) for _ in range(2)]
+    for child in children:
+        child.start()
+    values = [out.get(timeout=60) for _ in children]
+    for child in children:
+        child.join(timeout=60)
+        assert child.exitcode == 0
+    assert values == [[0, 1, 2, 3]] * 2
+    assert Path(log).read_text().splitlines() == ["computed"]
+    assert _slow(4, log).tolist() == [0, 1, 2, 3] and Path(log).read_text().count("computed") == 1
 
 
 def test_corrupt_entry_is_recomputed_with_a_warning():

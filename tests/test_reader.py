@@ -157,3 +157,20 @@ def test_panel_grids_stack_into_one_column(book_style):
     # the page runs the reflow and the legend fit after drawing the figure
     html = figures.BookRenderer().to_mimebundle(fig.to_dict())["text/html"]
     assert "wsbookFit" in html and '"yaxis2.title.text"' in html
+
+
+def test_the_book_build_reads_the_longest_chapters_first(monkeypatch):
+    from wsbook import book
+
+    docs = ["book/intro", "chapters/01_short", "chapters/08_long", "book/cite"]
+    assert book.reading_order(docs, {"01_short": 10.0, "08_long": 900.0}) == [
+        ["chapters/08_long"], ["chapters/01_short"], ["book/intro"], ["book/cite"]]
+    # every chapter of the book has a recorded default time, so the schedule is informed
+    seconds = book.recorded_seconds(ROOT, "default")
+    chapters = sorted(p.stem for p in (ROOT / "chapters").glob("*.md"))
+    assert chapters and all(ch in seconds for ch in chapters), set(chapters) - set(seconds)
+    monkeypatch.setenv("WSBOOK_BOOK_JOBS", "3")
+    assert book.default_jobs() == 3
+    monkeypatch.setenv("WSBOOK_BOOK_JOBS", "0")
+    with pytest.raises(ValueError, match="WSBOOK_BOOK_JOBS"):
+        book.default_jobs()

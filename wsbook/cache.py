@@ -6,11 +6,16 @@ lists / tuples / dicts of those; they are written with ``torch.save`` to a tempo
 into place (atomic), and read with ``torch.load(weights_only=True)``, which never executes code.
 A corrupt or mismatched entry is recomputed with a warning. The directory is ``WSBOOK_CACHE_DIR``
 (default: the user cache directory); ``WSBOOK_CACHE=off`` disables reading and writing.
+
+Several processes may share one directory (the book builds its chapters two at a time): a process that
+is about to compute an entry holds an exclusive lock on ``<entry>.lock`` meanwhile, and another process
+that needs the same entry waits for it and then reads it instead of computing it a second time.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import fcntl
 import hashlib
 import inspect
 import json
@@ -185,6 +190,21 @@ def rename_entries(old_name: str, new_name: str) -> int:
     return moved
 
 
+@contextlib.contextmanager
+def computing(key: str, name: str) -> Iterator[None]:
+    """Hold the entry's lock file (``<entry>.lock``, exclusive, blocking) while it is computed, so that
+    processes sharing the cache compute each entry once. Cached functions that call one another take
+    their locks in the order of their dependencies, which cannot form a cycle."""
+    lock = _path(key, name).with_suffix(".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def _to_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to(device)
@@ -236,14 +256,23 @@ def cached(name: str, version: int | str = 1) -> Callable[[Callable[..., Any]], 
                 if not hit:
                     raise MissingEntry(f"{name}: {_path(key, name).name}")
                 return value
+            existed = _path(key, name).exists()
             if enabled():
                 hit, value = load_entry(key, name, description)
                 if distributed.all_agree(hit):      # under torchrun: all ranks load, or all compute
                     return _to_device(value, config.device())
-            with config.isolated_rng():     # computing must draw no more randomness than loading
-                value = fn(*args, **kwargs)
-            if enabled() and distributed.is_main():
-                save_entry(key, name, description, _to_device(value, torch.device("cpu")))
+            # another process of the same book build may be computing this entry: wait for it, then read
+            # (under torchrun the ranks compute together and need no lock)
+            alone = enabled() and not distributed.active()
+            with computing(key, name) if alone else contextlib.nullcontext():
+                if alone and not existed and _path(key, name).exists():
+                    hit, value = load_entry(key, name, description)
+                    if hit:
+                        return _to_device(value, config.device())
+                with config.isolated_rng():     # computing must draw no more randomness than loading
+                    value = fn(*args, **kwargs)
+                if enabled() and distributed.is_main():
+                    save_entry(key, name, description, _to_device(value, torch.device("cpu")))
             distributed.barrier()
             return value
 
