@@ -173,8 +173,9 @@ def extended_config(**overrides) -> FlowConfig:
     three layers with batches of 64 (this configuration): 1.90 / 2.08. The score of one set of 128
     networks varies by about +-0.15 floors with the sampling seed alone (this configuration, seed 0: 1.90,
     2.12, 2.21, 2.12 over four draws; 2.12 with 512 networks). Four layers at ``lr=5e-3``: 1.94 / 1.97, but
-    over four draws 1.94-2.23 / 1.89-2.31 and 2.16 with 512 networks, so no better and slower. Samples stay
-    as far from the training zoo as held-out runs (nearest-neighbour ratio 0.99-1.00). About 0.13 s a step on one busy core.
+    over four draws 1.94-2.23 / 1.89-2.31 and 2.16 with 512 networks, so no better and slower. Samples
+    stay as far from the training zoo as held-out runs (nearest-neighbour ratio 0.99-1.00). About 0.13 s a
+    step on one busy core.
     """
     s = config.by_scale    # `ci` keeps the table's small field and batch: a check, not a measurement
     return flow_config("euclidean", "aligned_ot", **{"steps": EXTENDED_STEPS * flow_config("euclidean").steps,
