@@ -4,6 +4,7 @@ format (wsbook/figures/style.py). The browser gate checks the same in the built 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -163,8 +164,9 @@ def test_the_book_build_reads_the_longest_chapters_first(monkeypatch):
     from wsbook import book
 
     docs = ["book/intro", "chapters/01_short", "chapters/08_long", "book/cite"]
-    assert book.reading_order(docs, {"01_short": 10.0, "08_long": 900.0}) == [
-        ["chapters/08_long"], ["chapters/01_short"], ["book/intro"], ["book/cite"]]
+    seconds = {"01_short": 10.0, "08_long": 900.0}
+    assert book.reading_order(docs, seconds, 1) == [
+        ["chapters/08_long"], ["book/cite"], ["book/intro"], ["chapters/01_short"]]
     # every chapter of the book has a recorded default time, so the schedule is informed
     seconds = book.recorded_seconds(ROOT, "default")
     chapters = sorted(p.stem for p in (ROOT / "chapters").glob("*.md"))
@@ -174,3 +176,28 @@ def test_the_book_build_reads_the_longest_chapters_first(monkeypatch):
     monkeypatch.setenv("WSBOOK_BOOK_JOBS", "0")
     with pytest.raises(ValueError, match="WSBOOK_BOOK_JOBS"):
         book.default_jobs()
+
+
+def _record_start(arg):
+    name, log, seconds = arg
+    with open(log, "a") as fh:
+        fh.write(name + "\n")
+    time.sleep(seconds)
+
+
+def test_sphinx_starts_the_book_chapters_in_the_wanted_order(tmp_path):
+    """reading_order relies on how Sphinx's ParallelTasks picks waiting tasks; check the start order it
+    really produces: the longest first, two at a time."""
+    from sphinx.util.parallel import ParallelTasks
+
+    from wsbook import book
+
+    seconds = {"a": 50.0, "b": 40.0, "c": 30.0, "d": 20.0, "e": 10.0}
+    log = str(tmp_path / "starts.txt")
+    tasks = ParallelTasks(2)
+    for (doc,) in book.reading_order(["chapters/" + k for k in "cadeb"], seconds, 2):
+        tasks.add_task(_record_start, (doc, log, seconds[doc[-1]] / 100))
+    tasks.join()
+    started = Path(log).read_text().split()
+    # the two longest start together (in either order), then the others as processes free up
+    assert set(started[:2]) == {"chapters/a", "chapters/b"} and started[2:] == ["chapters/" + k for k in "cde"]

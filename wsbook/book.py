@@ -32,14 +32,20 @@ def default_jobs() -> int:
     return max(1, min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
-def reading_order(docnames: list[str], seconds: dict[str, float]) -> list[list[str]]:
-    """One chunk per document, the longest first (``seconds`` by file stem, e.g. ``07_method``); documents
-    without a recorded time keep their order at the end. Sphinx's parallel tasks take the chunks in this
-    order as processes free up: longest-processing-time-first scheduling."""
+def reading_order(docnames: list[str], seconds: dict[str, float], jobs: int) -> list[list[str]]:
+    """One chunk per document, arranged so that Sphinx's parallel tasks start them the longest first
+    (``seconds`` by file stem, e.g. ``07_method``; documents without a recorded time come last, in their
+    order): longest-processing-time-first scheduling over ``jobs`` processes.
+
+    ``sphinx.util.parallel.ParallelTasks`` starts the first ``jobs`` tasks at once and keeps the others
+    waiting in a dict it pops from the end (last in, first out), so the list handed to it is the wanted
+    start order with everything after the first ``jobs`` reversed (``tests/test_reader.py`` checks the
+    start order Sphinx produces)."""
     def cost(doc: str) -> float:
         return seconds.get(doc.rsplit("/", 1)[-1], 0.0)
 
-    return [[doc] for doc in sorted(docnames, key=cost, reverse=True)]
+    wanted = [[doc] for doc in sorted(docnames, key=cost, reverse=True)]
+    return wanted[:jobs] + wanted[jobs:][::-1]
 
 
 def recorded_seconds(root: Path, scale: str) -> dict[str, float]:
@@ -92,7 +98,10 @@ def main(argv: list[str] | None = None, jobs: int | None = None) -> int:
         seconds = recorded_seconds(root, os.environ.get("WSBOOK_SCALE", "default").strip().lower())
         for module in UNDECLARED_SAFE:
             _declare_parallel_safe(module)
-        sphinx.builders.make_chunks = lambda docnames, nproc, maxbatch=10: reading_order(list(docnames), seconds)
+        def chunks(docnames, nproc, maxbatch=10):
+            return reading_order(list(docnames), seconds, nproc)
+
+        sphinx.builders.make_chunks = chunks
         jb_sphinx.build_sphinx = functools.partial(jb_sphinx.build_sphinx, jobs=jobs)
     try:
         jupyter_book(["build", *argv])

@@ -8,7 +8,7 @@ A corrupt or mismatched entry is recomputed with a warning. The directory is ``W
 (default: the user cache directory); ``WSBOOK_CACHE=off`` disables reading and writing.
 
 Several processes may share one directory (the book builds its chapters two at a time): a process that
-is about to compute an entry holds an exclusive lock on ``<entry>.lock`` meanwhile, and another process
+is about to compute an entry holds an exclusive lock on ``.<entry>.lock`` meanwhile, and another process
 that needs the same entry waits for it and then reads it instead of computing it a second time.
 """
 from __future__ import annotations
@@ -192,10 +192,12 @@ def rename_entries(old_name: str, new_name: str) -> int:
 
 @contextlib.contextmanager
 def computing(key: str, name: str) -> Iterator[None]:
-    """Hold the entry's lock file (``<entry>.lock``, exclusive, blocking) while it is computed, so that
+    """Hold the entry's lock file (``.<entry>.lock``, exclusive, blocking) while it is computed, so that
     processes sharing the cache compute each entry once. Cached functions that call one another take
     their locks in the order of their dependencies, which cannot form a cycle."""
-    lock = _path(key, name).with_suffix(".lock")
+    entry = _path(key, name)
+    lock = entry.with_name(f".{entry.stem}.lock")       # hidden, like the temporary files; never deleted
+    # (removing a lock file another process may be waiting on would let a third compute alongside)
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
