@@ -338,15 +338,23 @@ def _match(spec: NetSpec, refs: list[Tensor], others: list[Tensor], *, signs: bo
                 flips = (torch.rand(1, w, generator=generator) < 0.5).to(m.dtype).to(m.dev) * 2 - 1
                 m.sgn[h][rows(k)] = m.sgn[h][rows(anchor)].gather(1, q) * flips
     converged, sweeps = m.descend(max_iter, torch.stack(orders), generator)
-    objective = torch.empty(K, B, dtype=others[0].dtype, device=m.dev)
-    for k in range(K):                           # a loop over starts: each scores the whole population
+    # a loop over starts: each moves and scores the whole population; the best so far is kept, moved, so
+    # that the winner need not be permuted a second time
+    best = torch.zeros(B, dtype=torch.long, device=m.dev)
+    for k in range(K):
         perms, sgn = m.element(k)
-        objective[k] = sum((ref * _act(spec, t, perms, sgn if signs else None)).sum(1)
-                           for ref, t in zip(refs, others))
-    best = objective.argmax(0)                   # the first of equally good candidates
+        moved = [_act(spec, t, perms, sgn if signs else None) for t in others]
+        objective = sum((ref * t).sum(1) for ref, t in zip(refs, moved))
+        if k == 0:
+            best_objective, aligned = objective, moved
+            continue
+        better = objective > best_objective      # strictly: the first of equally good candidates wins
+        best = torch.where(better, k, best)
+        best_objective = torch.where(better, objective, best_objective)
+        aligned = [torch.where(better[:, None], t, a) for t, a in zip(moved, aligned)]
     pick = best * B + torch.arange(B, device=m.dev)
     return {"perms": [p[pick] for p in m.perms], "signs": [s[pick] for s in m.sgn] if signs else None,
-            "objective": objective.gather(0, best.unsqueeze(0)).squeeze(0), "converged": converged[pick],
+            "aligned": aligned, "objective": best_objective, "converged": converged[pick],
             "sweeps": sweeps, "candidates": K, "hungarian_seconds": m.hungarian_seconds}
 
 
@@ -395,7 +403,7 @@ def weight_matching(spec: NetSpec, theta_ref: Tensor, theta: Tensor, *, max_iter
     ref, theta = _pair(spec, theta_ref, theta)
     out = _match(spec, [ref], [theta], signs=False, max_iter=max_iter, restarts=restarts, generator=generator,
                  init=init, starts=starts)
-    return Alignment(perms=out["perms"], aligned=permute(spec, theta, out["perms"]), objective=out["objective"],
+    return Alignment(perms=out["perms"], aligned=out["aligned"][0], objective=out["objective"],
                      converged=out["converged"], sweeps=out["sweeps"], candidates=out["candidates"],
                      hungarian_seconds=out["hungarian_seconds"])
 
@@ -424,7 +432,7 @@ def sign_aware_weight_matching(spec: NetSpec, theta_ref: Tensor, theta: Tensor, 
     ref, theta = _pair(spec, theta_ref, theta)
     out = _match(spec, [ref], [theta], signs=True, max_iter=max_iter, restarts=restarts, generator=generator,
                  init=None, starts=starts)
-    return Alignment(perms=out["perms"], aligned=_act(spec, theta, out["perms"], out["signs"]), signs=out["signs"],
+    return Alignment(perms=out["perms"], aligned=out["aligned"][0], signs=out["signs"],
                      objective=out["objective"], converged=out["converged"], sweeps=out["sweeps"],
                      candidates=out["candidates"], hungarian_seconds=out["hungarian_seconds"])
 
@@ -453,8 +461,8 @@ def variational_matching(spec: NetSpec, mean_ref: Tensor, std_ref: Tensor, mean:
         raise ValueError("standard deviations must be non-negative")
     out = _match(spec, [mref, sref], [mean, std], signs=False, max_iter=max_iter, restarts=restarts,
                  generator=generator, init=None)
-    return GaussianAlignment(perms=out["perms"], mean=permute(spec, mean, out["perms"]),
-                             std=permute(spec, std, out["perms"]), objective=out["objective"],
+    return GaussianAlignment(perms=out["perms"], mean=out["aligned"][0], std=out["aligned"][1],
+                             objective=out["objective"],
                              converged=out["converged"], sweeps=out["sweeps"], candidates=out["candidates"])
 
 
