@@ -32,15 +32,17 @@ from wsbook.nets import MLPSpec, check_task
 
 
 def jacobian(spec: MLPSpec, theta: Tensor, x: Tensor) -> Tensor:
-    """Output Jacobians of every member at every input: ``[B, N, out, D]`` (``torch.func`` vmap of jacrev)."""
+    """Output Jacobians of every member at every input: ``[B, N, out, D]`` (``torch.func``: jacrev of one
+    network at one input, vmapped over inputs and members; differentiating the whole batch's outputs at
+    once would pull every output back through all ``N`` inputs, ``N`` times the work)."""
     from torch.func import jacrev, vmap
 
     theta = spec.check(theta)
 
-    def f(t: Tensor) -> Tensor:
-        return spec.forward(t.unsqueeze(0), x)[0]
+    def f(t: Tensor, xi: Tensor) -> Tensor:
+        return spec.forward(t.unsqueeze(0), xi.unsqueeze(0))[0, 0]
 
-    return vmap(jacrev(f))(theta.detach())
+    return vmap(vmap(jacrev(f), in_dims=(None, 0)), in_dims=(0, None))(theta.detach(), x)
 
 
 def output_hessian(spec: MLPSpec, theta: Tensor, x: Tensor, task: str, noise_std: float = 1.0) -> Tensor:
