@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from wsbook import data
-from wsbook.experiments import mnist_flows as mf
+from wsbook.experiments import mnist_flows as mf, targets
 from wsbook.nets import MLPSpec
 
 
@@ -63,3 +63,24 @@ def test_nearest_neighbour_ratio_is_one_for_held_out_runs_and_small_for_replayed
     ratio = mf.nearest_neighbour_ratio({"held": parts["held"].theta, "replayed": replayed}, parts)
     assert ratio["held"] == pytest.approx(1.0)
     assert ratio["replayed"] < 0.05
+
+
+def test_guidance_weight_is_chosen_on_the_validation_split(monkeypatch):
+    """The weight whose guided networks match the target's validation accuracy is chosen; a weight
+    without guidance is an error."""
+    spec = MLPSpec(tuple(targets.ZOOS[mf.ZOO].widths))
+    target = spec.init(6, generator=torch.Generator().manual_seed(0), device="cpu")
+    dead = torch.zeros_like(target)                       # predicts class 0 everywhere
+
+    def fake_sample(recipe, guided=None, weight=None, **kw):
+        assert guided == "mnist"
+        return (target if weight == 1.0 else dead), 0.0
+
+    monkeypatch.setattr(mf, "sample_flow", fake_sample)
+    out = mf.guidance_by_validation("euclidean_aligned_ot", target, weights=(0.1, 1.0, 4.0))
+    assert out["chosen"] == 1.0 and out["accuracy"][1.0] == out["target"]
+    with pytest.raises(ValueError, match="at least one weight"):
+        mf.guidance_by_validation("euclidean_aligned_ot", target, weights=())
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="needs guided"):
+        mf.sample_flow("euclidean_aligned_ot", weight=1.0)

@@ -66,6 +66,7 @@ class Budget:
         sample_steps, method: the ODE solver (midpoint: two field evaluations per step).
         n_wide: networks sampled at width 32 per setting.
         guidance_weight: lambda of the (linearly scheduled) MNIST guidance at the table's solver steps.
+        guidance_grid: the lambdas :func:`guidance_by_validation` chooses from for the best flow.
         transfer_weight, guidance_steps: lambda and Euler steps of a guided sample on the second task
             (guidance acts like gradient descent along the path, so it needs many steps; lambda is chosen so
             that one step moves at most about as far as one SGD step of the zoo's learning rate).
@@ -90,6 +91,7 @@ class Budget:
     method: str
     n_wide: int
     guidance_weight: float
+    guidance_grid: tuple[float, ...]
     transfer_weight: float
     guidance_steps: int
     init_steps: int
@@ -115,7 +117,8 @@ def budget() -> Budget:
         dim=s(8, 8, 64), n_layers=s(1, 1, 4), batch_size=s(8, 8, 64), steps=s(30, 250, 50_000), lr=s(1e-2, 1e-2, 1e-3),
         ema_decay=s(0.9, 0.95, 0.999), flat_hidden=s(256, 256, 512), flat_batch=64, flat_steps=s(150, 600, 20_000),
         flat_lr=s(3e-3, 3e-3, 1e-3), n_samples=s(16, 64, 256), sample_steps=s(4, 8, 100), method="midpoint",
-        n_wide=s(8, 32, 256), guidance_weight=0.1, transfer_weight=s(0.5, 1.0, 16.0), guidance_steps=s(16, 32, 512),
+        n_wide=s(8, 32, 256), guidance_weight=0.1, guidance_grid=s((0.1, 1.0), (0.1, 1.0, 4.0), (0.1, 1.0, 4.0)),
+        transfer_weight=s(0.5, 1.0, 16.0), guidance_steps=s(16, 32, 512),
         init_steps=s(60, 200, 1000), init_every=s(20, 20, 50), field_dims=s((4, 8), (4, 8, 16), (16, 32, 64, 128)),
         n_holdout=s(1, 4, 10))
 
@@ -215,7 +218,7 @@ def _sample(recipe: str, fields: dict, dim: int, widths: tuple[int, ...], n: int
     guide, steps, method = None, b.sample_steps, b.method
     if guided is not None:
         ds = task_data(guided)
-        weight = b.guidance_weight
+        weight = sampler["weight"]
         if guided == "permuted":                     # guidance has to train the networks: many small steps
             steps, method, weight = b.guidance_steps, "euler", b.transfer_weight
         guide = Guidance(ds.x_train, ds.y_train, weight=weight, schedule="linear", batch_size=256, generator=gen)
@@ -225,7 +228,7 @@ def _sample(recipe: str, fields: dict, dim: int, widths: tuple[int, ...], n: int
 
 
 def sample_flow(recipe: str, n: int | None = None, widths: tuple[int, ...] | None = None, guided: str | None = None,
-                dim: int | None = None, seed: int = 0) -> tuple[Tensor, float]:
+                dim: int | None = None, seed: int = 0, weight: float | None = None) -> tuple[Tensor, float]:
     """Networks sampled from the trained flow of ``recipe`` (cached): ``(theta [n, D], seconds)``.
 
     Args:
@@ -235,15 +238,41 @@ def sample_flow(recipe: str, n: int | None = None, widths: tuple[int, ...] | Non
         guided: ``None``, ``"mnist"`` or ``"permuted"``: task-loss guidance on that task's training data.
         dim: the field width (model-size sweep; default the budget's).
         seed: the source points and guidance minibatches.
+        weight: the guidance's lambda (default: the budget's for that task).
     """
     b = budget()
     widths = tuple(widths or targets.ZOOS[ZOO].widths)
     sampler = {"steps": b.sample_steps, "method": b.method}
+    if weight is not None and guided is None:
+        raise ValueError("sample_flow: a guidance weight needs guided='mnist' or 'permuted'")
     if guided is not None:
-        sampler["weight"] = b.transfer_weight if guided == "permuted" else b.guidance_weight
+        default = b.transfer_weight if guided == "permuted" else b.guidance_weight
+        sampler["weight"] = float(default if weight is None else weight)
         sampler["guided_steps"] = b.guidance_steps if guided == "permuted" else b.sample_steps
     out = _sample(recipe, _training_fields(b), dim or b.dim, widths, int(n or b.n_samples), guided, sampler, seed)
     return out["theta"], float(out["seconds"])
+
+
+def guidance_by_validation(recipe: str, target: Tensor, weights: tuple[float, ...] | None = None) -> dict:
+    """Choose the lambda of MNIST task-loss guidance for ``recipe``'s samples on the validation split (the
+    test split stays for the tables): the weight whose guided networks' mean validation accuracy comes
+    closest to that of the ``target`` networks ``[n, D]``.
+
+    Returns ``{"accuracy": {weight: mean validation accuracy}, "target": the target's, "chosen": weight}``.
+    """
+    weights = tuple(budget().guidance_grid if weights is None else weights)
+    if not weights:
+        raise ValueError("guidance_by_validation needs at least one weight")
+    ds = data.load(ZOO)
+    spec = MLPSpec(tuple(targets.ZOOS[ZOO].widths))
+
+    def val_accuracy(theta: Tensor) -> float:
+        probs = targets.predictive_probs(spec, theta, ds.x_val)
+        return float((probs.argmax(-1) == ds.y_val).float().mean())
+
+    acc = {w: val_accuracy(sample_flow(recipe, guided="mnist", weight=w)[0]) for w in weights}
+    aim = val_accuracy(target)
+    return {"accuracy": acc, "target": aim, "chosen": min(weights, key=lambda w: abs(acc[w] - aim))}
 
 
 # ------------------------------------------------------------------------------------------- scores
