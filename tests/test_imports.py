@@ -18,7 +18,7 @@ PACKAGE = ROOT / "wsbook"
 #: The floors of the package map, bottom first. A module may import its own package and any floor below.
 GROUND = ("config", "data", "cache", "distributed", "report", "loop", "sphinx")
 FLOORS = (GROUND, ("nets",), ("manifolds",), ("flows",), ("bayes",), ("symmetry",), ("graphs",), ("weightflow",),
-          ("figures",), ("experiments",), ("cli",), ("__main__",))
+          ("figures",), ("experiments",), ("cli", "book"), ("__main__",))
 #: Math packages: they never import experiments or figures (also implied by the floors; kept explicit).
 MATH = ("nets", "manifolds", "flows", "bayes", "symmetry", "graphs", "weightflow")
 #: Imports forbidden although they point down the map.
