@@ -29,7 +29,8 @@ def default_jobs() -> int:
         if jobs < 1:
             raise ValueError(f"WSBOOK_BOOK_JOBS must be a positive integer; got {text!r}")
         return jobs
-    return max(1, min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(2, cores))
 
 
 def reading_order(docnames: list[str], seconds: dict[str, float], jobs: int) -> list[list[str]]:
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None, jobs: int | None = None) -> int:
         seconds = recorded_seconds(root, os.environ.get("WSBOOK_SCALE", "default").strip().lower())
         for module in UNDECLARED_SAFE:
             _declare_parallel_safe(module)
+
         def chunks(docnames, nproc, maxbatch=10):
             return reading_order(list(docnames), seconds, nproc)
 

@@ -218,10 +218,10 @@ def _sample(recipe: str, fields: dict, dim: int, widths: tuple[int, ...], n: int
     guide, steps, method = None, b.sample_steps, b.method
     if guided is not None:
         ds = task_data(guided)
-        weight = sampler["weight"]
         if guided == "permuted":                     # guidance has to train the networks: many small steps
-            steps, method, weight = b.guidance_steps, "euler", b.transfer_weight
-        guide = Guidance(ds.x_train, ds.y_train, weight=weight, schedule="linear", batch_size=256, generator=gen)
+            steps, method = b.guidance_steps, "euler"
+        guide = Guidance(ds.x_train, ds.y_train, weight=sampler["weight"], schedule="linear", batch_size=256,
+                         generator=gen)
     start = time.perf_counter()
     theta = flow.sample(n, steps=steps, method=method, generator=gen, guidance=guide)
     return {"theta": theta, "seconds": time.perf_counter() - start}
@@ -267,8 +267,7 @@ def guidance_by_validation(recipe: str, target: Tensor, weights: tuple[float, ..
     spec = MLPSpec(tuple(targets.ZOOS[ZOO].widths))
 
     def val_accuracy(theta: Tensor) -> float:
-        probs = targets.predictive_probs(spec, theta, ds.x_val)
-        return float((probs.argmax(-1) == ds.y_val).float().mean())
+        return targets.evaluate(spec, theta, ds, split="val").accuracy
 
     acc = {w: val_accuracy(sample_flow(recipe, guided="mnist", weight=w)[0]) for w in weights}
     aim = val_accuracy(target)

@@ -151,7 +151,6 @@ class _Matcher:
         self.perms = [torch.arange(g.width, device=self.dev).expand(self.n_rows, g.width).clone() for g in self.groups]
         self.sgn = [torch.ones(self.n_rows, g.width, device=self.dev, dtype=self.dtype) for g in self.groups]
         self.hungarian_seconds = 0.0
-        self.n_solved = 0                   # assignment problems solved (one per row and layer update)
         # groups acting on a common tensor: a layer's cost matrix changes only when one of these changes
         self.neighbours = [sorted({g for acting in self.acting.values() if h in acting.values()
                                    for g in acting.values()} - {h}) for h in range(len(self.groups))]
@@ -230,7 +229,6 @@ class _Matcher:
         else:          # each block's LAPs are solved while its cost matrices are still in cache
             solved = [solve(self.cost(h, block, known)) for block in blocks]
         self.hungarian_seconds += sum(sec for _, _, sec in solved)
-        self.n_solved += rows.numel()
         new = torch.cat([p for p, _, _ in solved])
         changed = (new != self.perms[h][rows]).any(1)
         self.perms[h][rows] = new
