@@ -25,11 +25,15 @@ def test_bad_arguments_are_rejected_before_work():
         pf.detection_table(sets={"a": torch.zeros(2, 3)}, positive="held-out HMC draws")
     with pytest.raises(ValueError, match="at least 2"):
         pf.importance_sampling(n=1)
+    with pytest.raises(ValueError, match="proposal must be one of"):
+        pf.importance_sampling(proposal="laplace")
 
 
 def test_flow_settings_choose_a_known_field():
     st = pf.flow_settings()
     assert st.field in ("flat", "gnn") and st.steps > 0 and st.n_probes >= 1
+    kl = pf.kl_settings()
+    assert kl.steps > 0 and kl.batch_size > 1 and kl.solver_steps >= 4 and 0 < kl.ema_decay < 1
     spec = MLPSpec((3, 4, 2))
     assert isinstance(pf.posterior_field(spec, st), torch.nn.Module)
 
