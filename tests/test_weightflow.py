@@ -222,6 +222,24 @@ def test_reverse_kl_fit_learns_a_density_mean_and_spread():
     assert gap.mean().abs() < 1.5 and gap.std() < 1.5, gap
 
 
+def test_flat_field_diagonal_term_starts_as_the_same_field_and_survives_the_state_dict():
+    spec = MLPSpec((3, 4, 2))
+    field = FlatField(spec, hidden=8, depth=2)
+    diag = field.with_diagonal()
+    x, t = torch.randn(5, spec.n_params, generator=gen(1)), torch.rand(5, generator=gen(2))
+    assert torch.equal(diag(t, x), field(t, x))            # zero at first: the same function
+    with torch.no_grad():
+        diag.diagonal.copy_(torch.randn(2, spec.n_params, generator=gen(3)))
+    expected = field(t, x) + (diag.diagonal[0] + t[:, None] * diag.diagonal[1]) * x
+    assert torch.allclose(diag(t, x), expected, atol=1e-6)
+    assert torch.allclose(diag(0.5, x), diag(torch.full((5,), 0.5), x))
+    flow = WeightFlow(EuclideanChart(spec, sigma=1.0), diag)
+    back = WeightFlow.from_state(flow.state_dict())
+    assert back.field.config()["diagonal"] is True
+    assert torch.equal(back.field(t, x), diag(t, x))
+    assert "diagonal" not in field.config()                # configs of plain fields are unchanged
+
+
 def test_reverse_kl_fit_needs_a_density_on_the_weights():
     spec = MLPSpec((3, 4, 2))
     flow = WeightFlow(GeometricChart(spec), FlatField(spec, hidden=8, depth=1))

@@ -154,12 +154,14 @@ def posterior_flow(task: str = "breast_cancer", chart: str = "euclidean", seed: 
     return WeightFlow.from_state(out["state"]), float(out["seconds"])
 
 
-@cached("flows/posterior_kl", version=1)
+@cached("flows/posterior_kl", version=2)   # 2: flat fields get a per-weight linear term
 def _train_kl(task: str, settings: FlowSettings, kl: KLSettings, seed: int) -> dict:
     from wsbook.experiments.tasks import get_task
 
     flow, _ = posterior_flow(task, "euclidean", seed)
     flow.field.load_state_dict(flow.ema.state_dict())     # continue from the sampling weights
+    if isinstance(flow.field, FlatField):                 # see FlatField: contract every weight on its own
+        flow.field = flow.field.with_diagonal()
     gen = torch.Generator().manual_seed(6_000 + seed)
     fit = flow.fit_reverse_kl(get_task(task).log_posterior(), steps=kl.steps, batch_size=kl.batch_size, lr=kl.lr,
                               ema_decay=kl.ema_decay, solver_steps=kl.solver_steps, generator=gen,
@@ -174,7 +176,9 @@ def posterior_flow_kl(task: str = "breast_cancer", seed: int = 0) -> tuple[Weigh
 
     The draws teach the flow where the posterior's mass roughly is; the density teaches it the correlations
     between weights that a few thousand draws of an 802-dimensional posterior do not pin down. The loss is
-    ``E_q[log q - log p(theta, D)]``, the reverse KL up to the log evidence.
+    ``E_q[log q - log p(theta, D)]``, the reverse KL up to the log evidence. A flat field gets a per-weight
+    linear term first (:meth:`FlatField.with_diagonal`, zero at the start: the same flow); the GNN field of
+    the `full` scale is trained as it is (a per-weight term would break its permutation equivariance).
     """
     out = _train_kl(task, flow_settings(), kl_settings(), seed)
     return WeightFlow.from_state(out["state"]), float(out["seconds"]), out["losses"]
@@ -356,7 +360,7 @@ def cost(flow_seconds: float, sample_seconds: float, n: int, task: str = "breast
 PROPOSALS = ("draws", "reverse kl")
 
 
-@cached("flows/posterior_is", version=5)   # 5: the proposal is an argument
+@cached("flows/posterior_is", version=6)   # 5: the proposal is an argument; 6: reverse-KL flow v2
 def _importance(task: str, settings: FlowSettings, kl: KLSettings | None, n: int, seed: int) -> dict:
     from wsbook.experiments.tasks import get_task
 
