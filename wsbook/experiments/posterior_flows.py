@@ -13,9 +13,9 @@ independent run (seed 1), which it never saw:
   yardsticks of what a density estimate of the draws must capture.
 * :func:`methods_table`: the results chapter's methods table (:func:`targets.methods_against_reference`)
   with the flows as extra rows, plus the distances to the held-out HMC run and a memorisation check.
-* :func:`importance_sampling`: self-normalised importance weights ``p(theta | D) / q(theta)`` of Euclidean
-  flow samples (trained on draws, or further on the density) (the flow's exact log-density by the change of variables), their effective sample size
-  and the reweighted predictive.
+* :func:`importance_sampling`: self-normalised importance weights ``p(theta | D) / q(theta)`` of the samples of
+  a Euclidean flow (trained on draws, or further on the density; its exact log-density by the change of
+  variables), their effective sample size and the reweighted predictive.
 * :func:`detection_sets`, :func:`detection_table`: the flow's log-likelihood of held-out posterior draws and
   of networks that are not from the posterior (another task, random initialisations, prior draws,
   perturbed draws, optimiser checkpoints), with the AUROC of the log-likelihood as a detector.
@@ -560,6 +560,6 @@ def detection_table(task: str = "breast_cancer", charts: tuple[str, ...] = CHART
 
 
 __all__ = ["CHARTS", "FlowSettings", "flow_settings", "KLSettings", "kl_settings", "posterior_field", "posterior_flow",
-           "posterior_flow_kl", "sample_flow",
-           "methods_table", "alignment_spread", "prior_draws", "gaussian_fits", "guided", "memorisation", "cost",
-           "importance_sampling", "PROPOSALS", "reweighted", "detection_sets", "detection_table", "auroc", "OWN_SAMPLES"]
+           "posterior_flow_kl", "sample_flow", "methods_table", "alignment_spread", "prior_draws", "gaussian_fits",
+           "guided", "memorisation", "cost", "importance_sampling", "PROPOSALS", "reweighted", "detection_sets",
+           "detection_table", "auroc", "OWN_SAMPLES"]
