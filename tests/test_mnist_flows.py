@@ -43,8 +43,18 @@ def test_recipes_and_errors():
     for name in mf.RECIPES:
         flow = mf.make_flow(name, spec, ref[0], b)
         assert flow.coupling_name == mf.RECIPES[name][2]
+        # unanchored equivariant fields get pairs aligned to their source partners
+        assert flow.align_pairs == (mf.RECIPES[name][1] in ("gnn_unanchored", "neuron"))
+    transfer = mf.make_flow(mf.TRANSFER, spec, ref[0], b)
+    assert type(transfer.field).__name__ == "NeuronField"
+    assert transfer.with_spec(MLPSpec((6, 9, 3))).spec.widths == (6, 9, 3)
+    # only the neuron field's own sizes key its cache entry
+    assert "neuron_steps" in mf._training_fields(b, mf.TRANSFER)
+    assert "neuron_steps" not in mf._training_fields(b, "geometric_aligned_ot")
     with pytest.raises(ValueError, match="unknown recipe"):
         mf.make_flow("nope", spec, ref[0], b)
+    with pytest.raises(ValueError, match="unknown recipe"):
+        mf.train_flow("nope")
     with pytest.raises(ValueError, match="task must be"):
         mf.task_data("fashion")
 

@@ -10,8 +10,8 @@ from torch import nn
 from wsbook import cache
 from wsbook.nets import MLPSpec
 from wsbook.symmetry import permute, random_permutation
-from wsbook.weightflow import (EuclideanChart, FlatField, GeometricChart, Guidance, NormalizedChart, WeightFlow,
-                               gnn_field, make_chart, reference_sample, sample_times, task_gradient)
+from wsbook.weightflow import (EuclideanChart, FlatField, GeometricChart, Guidance, NeuronField, NormalizedChart,
+                               WeightFlow, gnn_field, make_chart, reference_sample, sample_times, task_gradient)
 
 SPEC = MLPSpec((4, 5, 3, 2))
 
@@ -307,16 +307,17 @@ def test_state_dict_round_trip_and_cacheable(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------- the GNN field
-def _check_equivariant_and_batch_independent(field) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _check_equivariant_and_batch_independent(field, spec: MLPSpec = SPEC
+                                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Permuting the hidden neurons of the input permutes the output; a network's output does not depend on
     the rest of its batch. Returns the networks, times and outputs checked."""
-    theta = zoo(6)
-    perms = random_permutation(SPEC, 6, gen(10))
+    theta = zoo(6, spec)
+    perms = random_permutation(spec, 6, gen(10))
     t = torch.rand(6, generator=gen(11))
     with torch.no_grad():
-        out, out_perm = field(t, theta), field(t, permute(SPEC, theta, perms))
+        out, out_perm = field(t, theta), field(t, permute(spec, theta, perms))
         one_by_one = torch.cat([field(t[i:i + 1], theta[i:i + 1]) for i in range(6)])
-    assert torch.allclose(permute(SPEC, out, perms), out_perm, atol=1e-5)
+    assert torch.allclose(permute(spec, out, perms), out_perm, atol=1e-5)
     assert torch.allclose(out, one_by_one, atol=1e-5)
     return theta, t, out
 
@@ -404,6 +405,36 @@ def test_width_transfer():
     assert all(torch.equal(dict(flow.ema.named_parameters())[k], dict(big.ema.named_parameters())[k]) for k in shared)
     with pytest.raises(ValueError, match="one architecture"):
         FlatField(small).with_spec(wide)
+
+
+@pytest.mark.parametrize("attention_layers", [0, 2])
+def test_neuron_field_is_equivariant_reads_whole_neurons_and_transfers(attention_layers):
+    small, wide = MLPSpec((4, 3, 2)), MLPSpec((4, 7, 2))
+    field = NeuronField(small, hidden=16, depth=1, attention_layers=attention_layers)
+    with torch.no_grad():      # the linear term starts at zero; give it values so the checks can fail
+        field.linear.normal_(generator=gen(5))
+    theta, t, out = _check_equivariant_and_batch_independent(field, small)
+    with torch.no_grad():
+        # a neuron's velocity depends on its own outgoing weights, and on the other neurons
+        moved = theta.clone()
+        small.weights(moved)[1][:, :, 0] += 1.0
+        w_in, _ = small.slices(0)
+        change = (field(t, moved) - out)[:, w_in].reshape(6, 3, 4).abs().amax((0, 2))
+    assert (change > 1e-5).all()
+    flow = WeightFlow(GeometricChart(small), field, coupling="ot", align_pairs=True)
+    flow.fit(zoo(32, small), steps=2, batch_size=16, generator=gen(), progress=False)
+    again = WeightFlow.from_state(flow.state_dict())
+    assert again.field.config() == field.config() and again.field.config()["kind"] == "neuron"
+    big = again.with_spec(wide)
+    nets = big.sample(9, steps=3, generator=gen(12))
+    assert nets.shape == (9, wide.n_params) and torch.isfinite(nets).all()
+    assert bool(big.chart.manifold.belongs(big.chart.to_points(nets), atol=1e-5).all())
+    _check_equivariant_and_batch_independent(big.ema, wide)
+    assert all(torch.equal(a, b) for a, b in zip(again.ema.parameters(), big.ema.parameters()))
+    with pytest.raises(ValueError, match="one hidden layer"):
+        NeuronField(SPEC)
+    with pytest.raises(ValueError, match="inputs and outputs"):
+        field.with_spec(MLPSpec((5, 3, 2)))
 
 
 # ------------------------------------------------------------------------------------------ guidance

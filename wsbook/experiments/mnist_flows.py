@@ -10,6 +10,8 @@ Everything the page computes that costs more than a second lives here, cached wi
 * :func:`train_flow` / :func:`sample_flow`: one recipe (chart, field, coupling; the names of the thesis's
   Table 7.2 rows, plus ``plain_baseline``) trained on the training part and sampled, optionally for
   another hidden width (:meth:`WeightFlow.with_spec`) and with task-loss guidance.
+* :func:`width_transfer`: Table 7.4, :data:`TRANSFER` (the DeepSets field over hidden neurons,
+  :class:`~wsbook.weightflow.NeuronField`) trained on 784-10-10 and sampling 784-32-10.
 * :func:`score`, :func:`bma_curve`: per-network and model-averaged accuracy / NLL, diversity (mean pairwise
   JSD of the predictive distributions) and the function-space MMD to held-out runs;
   :func:`nearest_neighbour_ratio`: how close generated networks sit to the training checkpoints.
@@ -30,8 +32,8 @@ from wsbook.bayes import distances
 from wsbook.cache import cached
 from wsbook.experiments import targets
 from wsbook.nets import MLPSpec, train_population
-from wsbook.weightflow import (EuclideanChart, FlatField, GeometricChart, Guidance, NormalizedChart, WeightFlow,
-                               gnn_field)
+from wsbook.weightflow import (EuclideanChart, FlatField, GeometricChart, Guidance, NeuronField, NormalizedChart,
+                               WeightFlow, gnn_field)
 
 #: recipe name -> (chart, field, coupling); names as in the thesis's Table 7.2 (every chart aligned)
 RECIPES: dict[str, tuple[str, str, str]] = {
@@ -41,13 +43,15 @@ RECIPES: dict[str, tuple[str, str, str]] = {
     "normalized_aligned_ot": ("normalized", "gnn", "ot"),
     "geometric_aligned": ("geometric", "gnn", "independent"),
     "geometric_aligned_ot": ("geometric", "gnn", "ot"),
-    # the equivariant field without an anchor (pairs aligned to their source partner): the one that
-    # samples other widths
+    # equivariant fields without an anchor (pairs aligned to their source partner): they sample other widths
     "geometric_aligned_ot_unanchored": ("geometric", "gnn_unanchored", "ot"),
+    "geometric_aligned_ot_neuron": ("geometric", "neuron", "ot"),
     "plain_baseline": ("euclidean", "flat", "ot"),
 }
 #: the recipe whose field transfers to other hidden widths (an anchored field exists for one width)
-TRANSFER = "geometric_aligned_ot_unanchored"
+TRANSFER = "geometric_aligned_ot_neuron"
+#: the GNN field without an anchor (also width-agnostic; at CPU budgets it does not learn MNIST)
+UNANCHORED_GNN = "geometric_aligned_ot_unanchored"
 ZOO = "mnist5k"
 WIDE_ZOO = "mnist5k_w32"
 BMA_SIZES = (1, 4, 8, 16, 32, 64)
@@ -62,6 +66,8 @@ class Budget:
         dim, n_layers: width and depth of the GNN field.
         batch_size, steps, lr, ema_decay: GNN training.
         flat_hidden, flat_batch, flat_steps, flat_lr: the plain baseline's MLP field and its training.
+        neuron_hidden, neuron_attention, neuron_batch, neuron_steps, neuron_lr: the neuron field of
+            :data:`TRANSFER` (width, self-attention layers among neurons) and its training.
         n_samples: networks sampled per flow (the table, BMA curve and MMD use them all).
         sample_steps, method: the ODE solver (midpoint: two field evaluations per step).
         n_wide: networks sampled at width 32 per setting.
@@ -86,6 +92,11 @@ class Budget:
     flat_batch: int
     flat_steps: int
     flat_lr: float
+    neuron_hidden: int
+    neuron_attention: int
+    neuron_batch: int
+    neuron_steps: int
+    neuron_lr: float
     n_samples: int
     sample_steps: int
     method: str
@@ -100,10 +111,12 @@ class Budget:
     n_holdout: int
 
 
-def _training_fields(b: Budget) -> dict:
-    """The budget's fields that change a trained flow (the cache key of :func:`_train`)."""
+def _training_fields(b: Budget, recipe: str | None = None) -> dict:
+    """The budget's fields that change a trained flow of ``recipe`` (the cache key of :func:`_train`)."""
     keys = ("dim", "n_layers", "batch_size", "steps", "lr", "ema_decay", "flat_hidden", "flat_batch", "flat_steps",
             "flat_lr", "n_holdout")
+    if recipe is not None and RECIPES[recipe][1] == "neuron":
+        keys += ("neuron_hidden", "neuron_attention", "neuron_batch", "neuron_steps", "neuron_lr")
     return {k: getattr(b, k) for k in keys}
 
 
@@ -111,12 +124,14 @@ def budget() -> Budget:
     """The page's sizes at the current scale (the one place they are chosen)."""
     s = config.by_scale
     return Budget(
-        recipes=s(("geometric_aligned", "geometric_aligned_ot", TRANSFER),
-                  ("euclidean_aligned", "euclidean_aligned_ot", "geometric_aligned", "geometric_aligned_ot", TRANSFER),
+        recipes=s(("geometric_aligned", "geometric_aligned_ot", UNANCHORED_GNN, TRANSFER),
+                  ("euclidean_aligned", "euclidean_aligned_ot", "geometric_aligned", "geometric_aligned_ot", UNANCHORED_GNN,
+                   TRANSFER),
                   tuple(r for r in RECIPES if r != "plain_baseline")),
         dim=s(8, 8, 64), n_layers=s(1, 1, 4), batch_size=s(8, 8, 64), steps=s(30, 250, 50_000), lr=s(1e-2, 1e-2, 1e-3),
         ema_decay=s(0.9, 0.95, 0.999), flat_hidden=s(256, 256, 512), flat_batch=64, flat_steps=s(150, 600, 20_000),
-        flat_lr=s(3e-3, 3e-3, 1e-3), n_samples=s(16, 64, 256), sample_steps=s(4, 8, 100), method="midpoint",
+        flat_lr=s(3e-3, 3e-3, 1e-3), neuron_hidden=s(64, 256, 512), neuron_attention=2, neuron_batch=32,
+        neuron_steps=s(150, 3000, 50_000), neuron_lr=1e-3, n_samples=s(16, 64, 256), sample_steps=s(4, 8, 100), method="midpoint",
         n_wide=s(8, 32, 256), guidance_weight=0.1, guidance_grid=s((0.1, 1.0), (0.1, 1.0, 4.0), (0.1, 1.0, 4.0)),
         transfer_weight=s(0.5, 1.0, 16.0), guidance_steps=s(16, 32, 512),
         init_steps=s(60, 200, 1000), init_every=s(20, 20, 50), field_dims=s((4, 8), (4, 8, 16), (16, 32, 64, 128)),
@@ -173,26 +188,32 @@ def make_flow(recipe: str, spec: MLPSpec, reference: Tensor, b: Budget, dim: int
              "normalized": lambda: NormalizedChart(spec, reference=reference),
              "geometric": lambda: GeometricChart(spec, reference=reference)}[chart_kind]()
     anchored = field_kind == "gnn"
-    field = (FlatField(spec, hidden=b.flat_hidden, depth=3) if field_kind == "flat"
-             else gnn_field(spec, dim=dim or b.dim, n_layers=b.n_layers, anchored=anchored))
-    # an anchored GNN reads the mean aligned network; the unanchored one gets pairs aligned to their source
+    if field_kind == "flat":
+        field = FlatField(spec, hidden=b.flat_hidden, depth=3)
+    elif field_kind == "neuron":
+        field = NeuronField(spec, hidden=b.neuron_hidden, attention_layers=b.neuron_attention)
+    else:
+        field = gnn_field(spec, dim=dim or b.dim, n_layers=b.n_layers, anchored=anchored)
+    # an anchored GNN reads the mean aligned network; unanchored fields get pairs aligned to their source
     # partner instead (equivariant flow matching, Klein et al., 2023)
-    return WeightFlow(chart, field, coupling=coupling, align_pairs=field_kind == "gnn_unanchored")
+    return WeightFlow(chart, field, coupling=coupling, align_pairs=not anchored and field_kind != "flat")
 
 
 @cached("flows/mnist/train", version=5)   # 5: loss weighted per layer
 def _train(recipe: str, fields: dict, dim: int, seed: int) -> dict:
     b = budget()
-    if _training_fields(b) != fields:
+    if _training_fields(b, recipe) != fields:
         raise ValueError("_train: the training settings must be the current scale's budget")
     parts = split()
     train = parts["train"]
     with config.seeded(1000 + seed):
         flow = make_flow(recipe, train.spec, train.theta[-1], b, dim)
-    flat = RECIPES[recipe][1] == "flat"
+    kind = RECIPES[recipe][1]
+    steps, batch, lr = {"flat": (b.flat_steps, b.flat_batch, b.flat_lr),
+                        "neuron": (b.neuron_steps, b.neuron_batch, b.neuron_lr)}.get(kind, (b.steps, b.batch_size, b.lr))
     gen = torch.Generator().manual_seed(1000 + seed)
-    fit = flow.fit(train.theta, steps=b.flat_steps if flat else b.steps, batch_size=b.flat_batch if flat else b.batch_size,
-                   lr=b.flat_lr if flat else b.lr, ema_decay=b.ema_decay, generator=gen, desc=f"flow {recipe}")
+    fit = flow.fit(train.theta, steps=steps, batch_size=batch, lr=lr, ema_decay=b.ema_decay, generator=gen,
+                   desc=f"flow {recipe}")
     n_params = sum(p.numel() for p in flow.field.parameters())
     return {"state": flow.state_dict(), "seconds": fit.seconds, "losses": fit.losses, "field_parameters": n_params}
 
@@ -201,7 +222,9 @@ def train_flow(recipe: str, dim: int | None = None, seed: int = 0) -> tuple[Weig
     """The flow of ``recipe`` trained on the zoo's training runs (cached). Returns ``(flow, info)`` with
     ``info`` = training seconds, per-step losses and the field's parameter count."""
     b = budget()
-    out = _train(recipe, _training_fields(b), dim or b.dim, seed)
+    if recipe not in RECIPES:
+        raise ValueError(f"unknown recipe {recipe!r}; available: {', '.join(RECIPES)}")
+    out = _train(recipe, _training_fields(b, recipe), dim or b.dim, seed)
     info = {k: v for k, v in out.items() if k != "state"}
     return WeightFlow.from_state(out["state"]), info
 
@@ -249,7 +272,7 @@ def sample_flow(recipe: str, n: int | None = None, widths: tuple[int, ...] | Non
         default = b.transfer_weight if guided == "permuted" else b.guidance_weight
         sampler["weight"] = float(default if weight is None else weight)
         sampler["guided_steps"] = b.guidance_steps if guided == "permuted" else b.sample_steps
-    out = _sample(recipe, _training_fields(b), dim or b.dim, widths, int(n or b.n_samples), guided, sampler, seed)
+    out = _sample(recipe, _training_fields(b, recipe), dim or b.dim, widths, int(n or b.n_samples), guided, sampler, seed)
     return out["theta"], float(out["seconds"])
 
 
@@ -345,6 +368,25 @@ def bma_curve(probs: Tensor, y: Tensor, sizes: tuple[int, ...] = BMA_SIZES, repe
 
 # ------------------------------------------------------------------------------ second task, init
 @cached("flows/mnist/trained_on_task", version=1)
+def width_transfer(seed: int = 0) -> dict[str, dict]:
+    """Table 7.4: the unanchored flows trained on 784-10-10 networks sampling 784-32-10 networks
+    (:meth:`WeightFlow.with_spec`), scored on the MNIST test set beside trained 784-32-10 networks.
+
+    Returns ``{row name: score}`` (:func:`score`, plus ``sample_seconds`` for flow rows): the trained
+    zoo (``n_wide`` random checkpoints, drawn from ``seed``), :data:`TRANSFER` without and with MNIST
+    guidance, and :data:`UNANCHORED_GNN` without.
+    """
+    b = budget()
+    ds, wide = data.load(ZOO), targets.zoo(WIDE_ZOO)
+    pick = torch.randperm(len(wide), generator=torch.Generator().manual_seed(seed))[:b.n_wide]
+    rows = {"trained 784-32-10 (zoo)": score(probs_of(wide.spec, wide.theta[pick], ds), ds.y_test)}
+    for recipe, guided in ((TRANSFER, None), (TRANSFER, "mnist"), (UNANCHORED_GNN, None)):
+        theta, seconds = sample_flow(recipe, n=b.n_wide, widths=wide.spec.widths, guided=guided, seed=seed)
+        rows[f"{recipe}, transferred" + (" + guidance" if guided else "")] = {
+            **score(probs_of(wide.spec, theta, ds), ds.y_test), "sample_seconds": seconds}
+    return rows
+
+
 def trained_networks(task: str, widths: tuple[int, ...], n: int, steps: int, seed: int = 0,
                      theta0: Tensor | None = None, every: int | None = None) -> dict:
     """Networks trained on ``task`` with the zoo's optimiser (SGD, momentum 0.9, lr 0.1, weight decay 1e-5,
@@ -415,6 +457,6 @@ def field_size_sweep(recipe: str = "geometric_aligned_ot", y: Tensor | None = No
     return rows
 
 
-__all__ = ["RECIPES", "TRANSFER", "BMA_SIZES", "Budget", "budget", "split", "permuted_mnist", "task_data", "make_flow",
+__all__ = ["RECIPES", "TRANSFER", "UNANCHORED_GNN", "BMA_SIZES", "Budget", "budget", "split", "permuted_mnist", "task_data", "make_flow",
            "train_flow", "sample_flow", "probs_of", "score", "nearest_neighbour_ratio", "bma_curve",
-           "trained_networks", "init_curves", "field_size_sweep"]
+           "width_transfer", "trained_networks", "init_curves", "field_size_sweep"]
