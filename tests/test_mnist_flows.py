@@ -94,3 +94,14 @@ def test_guidance_weight_is_chosen_on_the_validation_split(monkeypatch):
     monkeypatch.undo()
     with pytest.raises(ValueError, match="needs guided"):
         mf.sample_flow("euclidean_aligned_ot", weight=1.0)
+
+
+def test_neuron_similarity_is_one_for_repeated_neurons_and_zero_for_orthogonal_ones():
+    spec = MLPSpec((4, 3, 2))
+    w2, b2 = torch.randn(2, 2, 3), torch.randn(2, 2)
+    eye = torch.eye(4)[:3]                                   # three orthogonal neurons, zero biases
+    orth = spec.pack([eye.expand(2, -1, -1), w2], [torch.zeros(2, 3), b2])
+    row = torch.tensor([1.0, 2.0, 0.0, -1.0])
+    same = spec.pack([row.expand(2, 3, -1) * torch.tensor([1.0, 2.0, 0.5])[:, None], w2], [torch.zeros(2, 3), b2])
+    assert mf.neuron_similarity(spec, orth) == pytest.approx(0.0, abs=1e-6)
+    assert mf.neuron_similarity(spec, same) == pytest.approx(1.0, abs=1e-6)   # scale does not matter

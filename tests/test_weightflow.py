@@ -437,6 +437,34 @@ def test_neuron_field_is_equivariant_reads_whole_neurons_and_transfers(attention
         field.with_spec(MLPSpec((5, 3, 2)))
 
 
+def test_anchored_neuron_field_is_equivariant_in_the_pair_and_fit_sets_its_anchor():
+    spec = MLPSpec((4, 3, 2))
+    field = NeuronField(spec, hidden=16, depth=1, attention_layers=1, anchored=True)
+    theta, anchor = zoo(6, spec), zoo(1, spec, seed=3)
+    field.set_anchor(anchor[0])
+    perms = random_permutation(spec, 1, gen(10))
+    p6 = [p.expand(6, -1) for p in perms]
+    t = torch.rand(6, generator=gen(11))
+    with torch.no_grad():
+        out = field(t, theta)
+        moved = field(t, permute(spec, theta, p6))
+        field.set_anchor(permute(spec, anchor, perms)[0])
+        both = field(t, permute(spec, theta, p6))
+    assert torch.allclose(permute(spec, out, p6), both, atol=1e-5)
+    assert not torch.allclose(permute(spec, out, p6), moved, atol=1e-4)
+    with pytest.raises(ValueError, match="width only"):
+        field.with_spec(MLPSpec((4, 5, 2)))
+    nets = zoo(24, spec)
+    flow = WeightFlow(EuclideanChart(spec), field, coupling="ot")
+    flow.fit(nets, steps=2, batch_size=8, generator=gen(), progress=False)
+    assert torch.allclose(flow.ema.anchor[0], nets.mean(0) / flow._scale(nets), atol=1e-5)
+    again = WeightFlow.from_state(flow.state_dict())
+    with torch.no_grad():
+        assert torch.allclose(flow.velocity(0.3, nets[:3]), again.velocity(0.3, nets[:3]), atol=1e-6)
+    with pytest.raises(ValueError, match="anchored=False"):
+        NeuronField(spec, hidden=8).set_anchor(anchor)
+
+
 # ------------------------------------------------------------------------------------------ guidance
 def test_guidance_gradient_matches_autograd_per_network():
     theta, x = zoo(5), torch.randn(17, 4, generator=gen(14))

@@ -46,12 +46,16 @@ RECIPES: dict[str, tuple[str, str, str]] = {
     # equivariant fields without an anchor (pairs aligned to their source partner): they sample other widths
     "geometric_aligned_ot_unanchored": ("geometric", "gnn_unanchored", "ot"),
     "geometric_aligned_ot_neuron": ("geometric", "neuron", "ot"),
+    # the neuron field reading the mean aligned network beside each neuron (one width only)
+    "geometric_aligned_ot_neuron_anchored": ("geometric", "neuron_anchored", "ot"),
     "plain_baseline": ("euclidean", "flat", "ot"),
 }
 #: the recipe whose field transfers to other hidden widths (an anchored field exists for one width)
 TRANSFER = "geometric_aligned_ot_neuron"
 #: the GNN field without an anchor (also width-agnostic; at CPU budgets it does not learn MNIST)
 UNANCHORED_GNN = "geometric_aligned_ot_unanchored"
+#: the neuron field with an anchor (one width)
+NEURON_ANCHORED = "geometric_aligned_ot_neuron_anchored"
 ZOO = "mnist5k"
 WIDE_ZOO = "mnist5k_w32"
 BMA_SIZES = (1, 4, 8, 16, 32, 64)
@@ -115,7 +119,7 @@ def _training_fields(b: Budget, recipe: str | None = None) -> dict:
     """The budget's fields that change a trained flow of ``recipe`` (the cache key of :func:`_train`)."""
     keys = ("dim", "n_layers", "batch_size", "steps", "lr", "ema_decay", "flat_hidden", "flat_batch", "flat_steps",
             "flat_lr", "n_holdout")
-    if recipe is not None and RECIPES[recipe][1] == "neuron":
+    if recipe is not None and RECIPES[recipe][1].startswith("neuron"):
         keys += ("neuron_hidden", "neuron_attention", "neuron_batch", "neuron_steps", "neuron_lr")
     return {k: getattr(b, k) for k in keys}
 
@@ -124,9 +128,9 @@ def budget() -> Budget:
     """The page's sizes at the current scale (the one place they are chosen)."""
     s = config.by_scale
     return Budget(
-        recipes=s(("geometric_aligned", "geometric_aligned_ot", UNANCHORED_GNN, TRANSFER),
+        recipes=s(("geometric_aligned", "geometric_aligned_ot", UNANCHORED_GNN, TRANSFER, NEURON_ANCHORED),
                   ("euclidean_aligned", "euclidean_aligned_ot", "geometric_aligned", "geometric_aligned_ot", UNANCHORED_GNN,
-                   TRANSFER),
+                   TRANSFER, NEURON_ANCHORED),
                   tuple(r for r in RECIPES if r != "plain_baseline")),
         dim=s(8, 8, 64), n_layers=s(1, 1, 4), batch_size=s(8, 8, 64), steps=s(30, 250, 50_000), lr=s(1e-2, 1e-2, 1e-3),
         ema_decay=s(0.9, 0.95, 0.999), flat_hidden=s(256, 256, 512), flat_batch=64, flat_steps=s(150, 600, 20_000),
@@ -187,11 +191,11 @@ def make_flow(recipe: str, spec: MLPSpec, reference: Tensor, b: Budget, dim: int
     chart = {"euclidean": lambda: EuclideanChart(spec, sigma=0.1, reference=reference),
              "normalized": lambda: NormalizedChart(spec, reference=reference),
              "geometric": lambda: GeometricChart(spec, reference=reference)}[chart_kind]()
-    anchored = field_kind == "gnn"
+    anchored = field_kind in ("gnn", "neuron_anchored")
     if field_kind == "flat":
         field = FlatField(spec, hidden=b.flat_hidden, depth=3)
-    elif field_kind == "neuron":
-        field = NeuronField(spec, hidden=b.neuron_hidden, attention_layers=b.neuron_attention)
+    elif field_kind.startswith("neuron"):
+        field = NeuronField(spec, hidden=b.neuron_hidden, attention_layers=b.neuron_attention, anchored=anchored)
     else:
         field = gnn_field(spec, dim=dim or b.dim, n_layers=b.n_layers, anchored=anchored)
     # an anchored GNN reads the mean aligned network; unanchored fields get pairs aligned to their source
@@ -209,13 +213,26 @@ def _train(recipe: str, fields: dict, dim: int, seed: int) -> dict:
     with config.seeded(1000 + seed):
         flow = make_flow(recipe, train.spec, train.theta[-1], b, dim)
     kind = RECIPES[recipe][1]
-    steps, batch, lr = {"flat": (b.flat_steps, b.flat_batch, b.flat_lr),
-                        "neuron": (b.neuron_steps, b.neuron_batch, b.neuron_lr)}.get(kind, (b.steps, b.batch_size, b.lr))
+    steps, batch, lr = (b.flat_steps, b.flat_batch, b.flat_lr) if kind == "flat" else \
+        (b.neuron_steps, b.neuron_batch, b.neuron_lr) if kind.startswith("neuron") else (b.steps, b.batch_size, b.lr)
     gen = torch.Generator().manual_seed(1000 + seed)
     fit = flow.fit(train.theta, steps=steps, batch_size=batch, lr=lr, ema_decay=b.ema_decay, generator=gen,
                    desc=f"flow {recipe}")
     n_params = sum(p.numel() for p in flow.field.parameters())
     return {"state": flow.state_dict(), "seconds": fit.seconds, "losses": fit.losses, "field_parameters": n_params}
+
+
+def describe(recipe: str, b: Budget | None = None) -> str:
+    """The field and training of ``recipe`` in words (for the page's prose)."""
+    b = budget() if b is None else b
+    kind = RECIPES[recipe][1]
+    if kind == "flat":
+        return f"a flat MLP field of width {b.flat_hidden} trained for {b.flat_steps} steps of {b.flat_batch}"
+    if kind.startswith("neuron"):
+        return (f"a neuron field of width {b.neuron_hidden} with {b.neuron_attention} attention layers, trained for "
+                f"{b.neuron_steps} steps of {b.neuron_batch}")
+    layers = f"{b.n_layers} message-passing layer" + ("s" if b.n_layers != 1 else "")
+    return f"a GNN field of width {b.dim} with {layers}, trained for {b.steps} steps of {b.batch_size}"
 
 
 def train_flow(recipe: str, dim: int | None = None, seed: int = 0) -> tuple[WeightFlow, dict]:
@@ -368,22 +385,36 @@ def bma_curve(probs: Tensor, y: Tensor, sizes: tuple[int, ...] = BMA_SIZES, repe
 
 # ------------------------------------------------------------------------------ second task, init
 @cached("flows/mnist/trained_on_task", version=1)
+def neuron_similarity(spec: MLPSpec, theta: Tensor) -> float:
+    """How alike the first hidden layer's neurons of each network are: for every neuron the largest cosine
+    similarity of its ``[incoming weights, bias]`` to another neuron of the same network, averaged over
+    neurons and networks ``theta [n, D]``. Near 1: the layer repeats a few neurons."""
+    w, b = spec.weights(theta)[0], spec.biases(theta)[0]
+    rows = torch.nn.functional.normalize(torch.cat([w, b[..., None]], -1) if b is not None else w, dim=-1)
+    cos = rows @ rows.transpose(1, 2)
+    cos.diagonal(dim1=1, dim2=2).fill_(-1.0)
+    return float(cos.amax(-1).mean())
+
+
 def width_transfer(seed: int = 0) -> dict[str, dict]:
     """Table 7.4: the unanchored flows trained on 784-10-10 networks sampling 784-32-10 networks
     (:meth:`WeightFlow.with_spec`), scored on the MNIST test set beside trained 784-32-10 networks.
 
-    Returns ``{row name: score}`` (:func:`score`, plus ``sample_seconds`` for flow rows): the trained
-    zoo (``n_wide`` random checkpoints, drawn from ``seed``), :data:`TRANSFER` without and with MNIST
-    guidance, and :data:`UNANCHORED_GNN` without.
+    Returns ``{row name: score}`` (:func:`score`, plus :func:`neuron_similarity` and, for flow rows,
+    ``sample_seconds``): the trained zoo (``n_wide`` random checkpoints, drawn from ``seed``),
+    :data:`TRANSFER` without and with MNIST guidance, and :data:`UNANCHORED_GNN` without.
     """
     b = budget()
     ds, wide = data.load(ZOO), targets.zoo(WIDE_ZOO)
     pick = torch.randperm(len(wide), generator=torch.Generator().manual_seed(seed))[:b.n_wide]
-    rows = {"trained 784-32-10 (zoo)": score(probs_of(wide.spec, wide.theta[pick], ds), ds.y_test)}
+    theta = wide.theta[pick]
+    rows = {"trained 784-32-10 (zoo)": {**score(probs_of(wide.spec, theta, ds), ds.y_test),
+                                        "neuron_similarity": neuron_similarity(wide.spec, theta)}}
     for recipe, guided in ((TRANSFER, None), (TRANSFER, "mnist"), (UNANCHORED_GNN, None)):
         theta, seconds = sample_flow(recipe, n=b.n_wide, widths=wide.spec.widths, guided=guided, seed=seed)
         rows[f"{recipe}, transferred" + (" + guidance" if guided else "")] = {
-            **score(probs_of(wide.spec, theta, ds), ds.y_test), "sample_seconds": seconds}
+            **score(probs_of(wide.spec, theta, ds), ds.y_test),
+            "neuron_similarity": neuron_similarity(wide.spec, theta), "sample_seconds": seconds}
     return rows
 
 
@@ -457,6 +488,6 @@ def field_size_sweep(recipe: str = "geometric_aligned_ot", y: Tensor | None = No
     return rows
 
 
-__all__ = ["RECIPES", "TRANSFER", "UNANCHORED_GNN", "BMA_SIZES", "Budget", "budget", "split", "permuted_mnist", "task_data", "make_flow",
+__all__ = ["RECIPES", "TRANSFER", "UNANCHORED_GNN", "NEURON_ANCHORED", "BMA_SIZES", "describe", "Budget", "budget", "split", "permuted_mnist", "task_data", "make_flow",
            "train_flow", "sample_flow", "probs_of", "score", "nearest_neighbour_ratio", "bma_curve",
-           "width_transfer", "trained_networks", "init_curves", "field_size_sweep"]
+           "neuron_similarity", "width_transfer", "trained_networks", "init_curves", "field_size_sweep"]

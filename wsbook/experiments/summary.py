@@ -18,7 +18,8 @@ from wsbook.experiments import mnist_flows as mf
 #: (on breast cancer also the headline flow's extended budget, chapter 8's last row)
 EXTENDED = "euclidean_aligned_ot, extended"
 BREAST_CANCER_ROWS = ("plain baseline", "euclidean_aligned_ot", "geometric_aligned_ot", EXTENDED)
-MNIST_ROWS = ("plain_baseline", "euclidean_aligned_ot", "geometric_aligned_ot", mf.UNANCHORED_GNN, mf.TRANSFER)
+MNIST_ROWS = ("plain_baseline", "euclidean_aligned_ot", "geometric_aligned_ot", mf.UNANCHORED_GNN, mf.TRANSFER,
+              mf.NEURON_ANCHORED)
 
 
 def breast_cancer_sizes() -> tuple[int, int]:

@@ -193,16 +193,24 @@ class NeuronField(nn.Module):
         depth: hidden layers of the decoder.
         attention_layers: self-attention layers among the neurons (0: plain DeepSets).
         heads: attention heads.
+        anchored: every neuron is read beside the same neuron of an anchor network (as
+            :class:`GNNField`'s ``anchored``; :meth:`WeightFlow.fit` sets the mean aligned training
+            network): equivariant in the pair, for the anchor's width only.
     """
 
-    def __init__(self, spec: MLPSpec, hidden: int = 256, depth: int = 2, attention_layers: int = 0, heads: int = 4):
+    def __init__(self, spec: MLPSpec, hidden: int = 256, depth: int = 2, attention_layers: int = 0, heads: int = 4,
+                 anchored: bool = False):
         super().__init__()
         if not isinstance(spec, MLPSpec) or len(spec.widths) != 3 or not spec.bias:
             raise ValueError(f"NeuronField needs an MLPSpec with one hidden layer and biases (in-H-out); got {spec}")
-        self.spec, self.kwargs = spec, dict(hidden=hidden, depth=depth, attention_layers=attention_layers, heads=heads)
+        self.spec, self.anchored = spec, bool(anchored)
+        self.kwargs = dict(hidden=hidden, depth=depth, attention_layers=attention_layers, heads=heads) | (
+            {"anchored": True} if anchored else {})
         n_in, _, n_out = spec.widths
         size = n_in + 1 + n_out
-        self.enc = nn.Sequential(nn.Linear(size, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
+        if self.anchored:
+            self.register_buffer("anchor", torch.zeros(1, spec.n_params))
+        self.enc = nn.Sequential(nn.Linear(size * (2 if anchored else 1), hidden), nn.SiLU(), nn.Linear(hidden, hidden))
         self.time = nn.Linear(17, hidden)
         # self-attention among the neurons (no positions: equivariant), so that neurons can divide the work
         self.mix = nn.ModuleList(nn.TransformerEncoderLayer(hidden, heads, 2 * hidden, dropout=0.0, activation="gelu",
@@ -219,10 +227,9 @@ class NeuronField(nn.Module):
     def forward(self, t: Tensor | float, x: Tensor) -> Tensor:
         x = self.spec.check(x, "x")
         t = _times(t, x)
-        (w1, w2), (b1, b2) = self.spec.weights(x), self.spec.biases(x)
-        u = torch.cat([w1, b1[..., None], w2.transpose(1, 2)], -1)                  # [B, H, in + 1 + out]
+        u, b2 = self._neurons(x)                                                     # [B, H, in + 1 + out]
         tf = time_features(t, 16, x.shape[0]).to(x)
-        h = self.enc(u)
+        h = self.enc(torch.cat([u, self._neurons(self.anchor)[0].expand_as(u)], -1) if self.anchored else u)
         if len(self.mix):
             h = h + self.time(tf)[:, None]
             for layer in self.mix:
@@ -232,6 +239,18 @@ class NeuronField(nn.Module):
         n_in = self.spec.widths[0]
         vw1, vb1, vw2 = v[..., :n_in], v[..., n_in], v[..., n_in + 1:]
         return self.spec.pack([vw1, vw2.transpose(1, 2)], [vb1, self.head(summary)])
+
+    def _neurons(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Each hidden neuron's ``[W1[j, :], b1[j], W2[:, j]]`` as ``[B, H, in + 1 + out]``, and ``b2``."""
+        (w1, w2), (b1, b2) = self.spec.weights(x), self.spec.biases(x)
+        return torch.cat([w1, b1[..., None], w2.transpose(1, 2)], -1), b2
+
+    @torch.no_grad()
+    def set_anchor(self, anchor: Tensor) -> None:
+        """Set the anchor network ``[D]`` or ``[1, D]`` (in the units the field reads)."""
+        if not self.anchored:
+            raise ValueError("set_anchor: this field was built with anchored=False")
+        self.anchor.copy_(self.spec.check(anchor.reshape(1, -1), "anchor"))
 
     def config(self) -> dict:
         return {"kind": "neuron", "widths": list(self.spec.widths), "activation": self.spec.activation,
@@ -243,6 +262,9 @@ class NeuronField(nn.Module):
                 or spec.widths[-1] != self.spec.widths[-1]:
             raise ValueError(f"NeuronField.with_spec: {spec} must keep the one hidden layer, inputs and outputs "
                              f"of {self.spec}")
+        if self.anchored and spec != self.spec:
+            raise ValueError(f"NeuronField.with_spec: an anchored field reads an anchor network of {self.spec} and "
+                             f"exists for that width only")
         new = NeuronField(spec, **self.kwargs).to(self.linear)
         new.load_state_dict(self.state_dict())
         return new
