@@ -350,21 +350,27 @@ def test_global_context_keeps_the_field_equivariant_and_batch_independent_and_re
     assert WeightFlow.from_state(WeightFlow(EuclideanChart(SPEC), field).state_dict()).field.net.gnn.global_context
 
 
-def test_anchored_field_is_equivariant_in_the_pair_and_reads_its_anchor():
-    field = gnn_field(SPEC, dim=8, n_layers=2, anchored=True)
-    theta, anchor = zoo(6), zoo(1, seed=3)
+def _check_equivariant_in_the_pair(field, spec: MLPSpec) -> torch.Tensor:
+    """Permuting the point and the anchor together permutes the output; the point alone does not.
+    Returns the anchor set last."""
+    theta, anchor = zoo(6, spec), zoo(1, spec, seed=3)
     field.set_anchor(anchor[0])
-    perms = random_permutation(SPEC, 1, gen(10))
+    perms = random_permutation(spec, 1, gen(10))
     p6 = [p.expand(6, -1) for p in perms]
     t = torch.rand(6, generator=gen(11))
     with torch.no_grad():
         out = field(t, theta)
-        moved = field(t, permute(SPEC, theta, p6))
-        field.set_anchor(permute(SPEC, anchor, perms)[0])
-        both = field(t, permute(SPEC, theta, p6))
-    # permuting the point and the anchor together permutes the output; the point alone does not
-    assert torch.allclose(permute(SPEC, out, p6), both, atol=1e-5)
-    assert not torch.allclose(permute(SPEC, out, p6), moved, atol=1e-4)
+        moved = field(t, permute(spec, theta, p6))
+        field.set_anchor(permute(spec, anchor, perms)[0])
+        both = field(t, permute(spec, theta, p6))
+    assert torch.allclose(permute(spec, out, p6), both, atol=1e-5)
+    assert not torch.allclose(permute(spec, out, p6), moved, atol=1e-4)
+    return anchor
+
+
+def test_anchored_field_is_equivariant_in_the_pair_and_reads_its_anchor():
+    field = gnn_field(SPEC, dim=8, n_layers=2, anchored=True)
+    anchor = _check_equivariant_in_the_pair(field, SPEC)
     with pytest.raises(ValueError, match="one width|width"):
         field.with_spec(MLPSpec((4, 7, 3, 2)))
     with pytest.raises(ValueError, match="anchored"):
@@ -440,18 +446,7 @@ def test_neuron_field_is_equivariant_reads_whole_neurons_and_transfers(attention
 def test_anchored_neuron_field_is_equivariant_in_the_pair_and_fit_sets_its_anchor():
     spec = MLPSpec((4, 3, 2))
     field = NeuronField(spec, hidden=16, depth=1, attention_layers=1, anchored=True)
-    theta, anchor = zoo(6, spec), zoo(1, spec, seed=3)
-    field.set_anchor(anchor[0])
-    perms = random_permutation(spec, 1, gen(10))
-    p6 = [p.expand(6, -1) for p in perms]
-    t = torch.rand(6, generator=gen(11))
-    with torch.no_grad():
-        out = field(t, theta)
-        moved = field(t, permute(spec, theta, p6))
-        field.set_anchor(permute(spec, anchor, perms)[0])
-        both = field(t, permute(spec, theta, p6))
-    assert torch.allclose(permute(spec, out, p6), both, atol=1e-5)
-    assert not torch.allclose(permute(spec, out, p6), moved, atol=1e-4)
+    anchor = _check_equivariant_in_the_pair(field, spec)
     with pytest.raises(ValueError, match="width only"):
         field.with_spec(MLPSpec((4, 5, 2)))
     nets = zoo(24, spec)

@@ -45,7 +45,18 @@ class _Skip(nn.Module):
         return c[:, layer_of] * x
 
 
-class GNNField(nn.Module):
+class _Anchored:
+    """``set_anchor`` of the fields that can read an anchor network (``anchored=True``)."""
+
+    @torch.no_grad()
+    def set_anchor(self, anchor: Tensor) -> None:
+        """Set the anchor network ``[D]`` or ``[1, D]`` (in the units the field reads)."""
+        if not self.anchored:
+            raise ValueError("set_anchor: this field was built with anchored=False")
+        self.anchor.copy_(self.spec.check(anchor.reshape(1, -1), "anchor"))
+
+
+class GNNField(_Anchored, nn.Module):
     """``field(t, x)``: the weight-space GNN :class:`wsbook.graphs.WeightSpaceField` (equivariant head,
     time on every node and edge) on networks of ``spec``, plus an optional skip term.
 
@@ -103,13 +114,6 @@ class GNNField(nn.Module):
         if self.skip is not None:
             out = out + self.skip(t, x, self.layer_of)
         return out
-
-    @torch.no_grad()
-    def set_anchor(self, anchor: Tensor) -> None:
-        """Set the anchor network ``[D]`` or ``[1, D]`` (in the units the field reads)."""
-        if not self.anchored:
-            raise ValueError("set_anchor: this field was built with anchored=False")
-        self.anchor.copy_(self.spec.check(anchor.reshape(1, -1), "anchor"))
 
     def config(self) -> dict:
         return {"kind": "gnn", "widths": list(self.spec.widths), "activation": self.spec.activation, **self.kwargs}
@@ -170,7 +174,7 @@ class FlatField(TimeMLP):
                          f"it cannot read {spec}. Use gnn_field for width transfer")
 
 
-class NeuronField(nn.Module):
+class NeuronField(_Anchored, nn.Module):
     """``field(t, x)`` for networks with one hidden layer (``in-H-out``), whose hidden neurons are
     exchangeable and whose inputs and outputs are not. Neuron ``j`` is the vector
     ``u_j = [W1[j, :], b1[j], W2[:, j]]`` (``in + 1 + out`` numbers); a DeepSets model (Zaheer et al.,
@@ -244,13 +248,6 @@ class NeuronField(nn.Module):
         """Each hidden neuron's ``[W1[j, :], b1[j], W2[:, j]]`` as ``[B, H, in + 1 + out]``, and ``b2``."""
         (w1, w2), (b1, b2) = self.spec.weights(x), self.spec.biases(x)
         return torch.cat([w1, b1[..., None], w2.transpose(1, 2)], -1), b2
-
-    @torch.no_grad()
-    def set_anchor(self, anchor: Tensor) -> None:
-        """Set the anchor network ``[D]`` or ``[1, D]`` (in the units the field reads)."""
-        if not self.anchored:
-            raise ValueError("set_anchor: this field was built with anchored=False")
-        self.anchor.copy_(self.spec.check(anchor.reshape(1, -1), "anchor"))
 
     def config(self) -> dict:
         return {"kind": "neuron", "widths": list(self.spec.widths), "activation": self.spec.activation,
