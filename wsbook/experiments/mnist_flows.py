@@ -129,13 +129,14 @@ def budget() -> Budget:
     s = config.by_scale
     return Budget(
         recipes=s(("geometric_aligned", "geometric_aligned_ot", UNANCHORED_GNN, TRANSFER, NEURON_ANCHORED),
-                  ("euclidean_aligned", "euclidean_aligned_ot", "geometric_aligned", "geometric_aligned_ot", UNANCHORED_GNN,
-                   TRANSFER, NEURON_ANCHORED),
+                  ("euclidean_aligned", "euclidean_aligned_ot", "geometric_aligned", "geometric_aligned_ot",
+                   UNANCHORED_GNN, TRANSFER, NEURON_ANCHORED),
                   tuple(r for r in RECIPES if r != "plain_baseline")),
         dim=s(8, 8, 64), n_layers=s(1, 1, 4), batch_size=s(8, 8, 64), steps=s(30, 250, 50_000), lr=s(1e-2, 1e-2, 1e-3),
         ema_decay=s(0.9, 0.95, 0.999), flat_hidden=s(256, 256, 512), flat_batch=64, flat_steps=s(150, 600, 20_000),
         flat_lr=s(3e-3, 3e-3, 1e-3), neuron_hidden=s(64, 256, 512), neuron_attention=2, neuron_batch=32,
-        neuron_steps=s(150, 3000, 50_000), neuron_lr=1e-3, n_samples=s(16, 64, 256), sample_steps=s(4, 8, 100), method="midpoint",
+        neuron_steps=s(150, 3000, 50_000), neuron_lr=1e-3, n_samples=s(16, 64, 256), sample_steps=s(4, 8, 100),
+        method="midpoint",
         n_wide=s(8, 32, 256), guidance_weight=0.1, guidance_grid=s((0.1, 1.0), (0.1, 1.0, 4.0), (0.1, 1.0, 4.0)),
         transfer_weight=s(0.5, 1.0, 16.0), guidance_steps=s(16, 32, 512),
         init_steps=s(60, 200, 1000), init_every=s(20, 20, 50), field_dims=s((4, 8), (4, 8, 16), (16, 32, 64, 128)),
@@ -289,7 +290,8 @@ def sample_flow(recipe: str, n: int | None = None, widths: tuple[int, ...] | Non
         default = b.transfer_weight if guided == "permuted" else b.guidance_weight
         sampler["weight"] = float(default if weight is None else weight)
         sampler["guided_steps"] = b.guidance_steps if guided == "permuted" else b.sample_steps
-    out = _sample(recipe, _training_fields(b, recipe), dim or b.dim, widths, int(n or b.n_samples), guided, sampler, seed)
+    out = _sample(recipe, _training_fields(b, recipe), dim or b.dim, widths, int(n or b.n_samples), guided, sampler,
+                  seed)
     return out["theta"], float(out["seconds"])
 
 
@@ -384,7 +386,6 @@ def bma_curve(probs: Tensor, y: Tensor, sizes: tuple[int, ...] = BMA_SIZES, repe
 
 
 # ------------------------------------------------------------------------------ second task, init
-@cached("flows/mnist/trained_on_task", version=1)
 def neuron_similarity(spec: MLPSpec, theta: Tensor) -> float:
     """How alike the first hidden layer's neurons of each network are: for every neuron the largest cosine
     similarity of its ``[incoming weights, bias]`` to another neuron of the same network, averaged over
@@ -418,6 +419,7 @@ def width_transfer(seed: int = 0) -> dict[str, dict]:
     return rows
 
 
+@cached("flows/mnist/trained_on_task", version=1)
 def trained_networks(task: str, widths: tuple[int, ...], n: int, steps: int, seed: int = 0,
                      theta0: Tensor | None = None, every: int | None = None) -> dict:
     """Networks trained on ``task`` with the zoo's optimiser (SGD, momentum 0.9, lr 0.1, weight decay 1e-5,
@@ -488,6 +490,7 @@ def field_size_sweep(recipe: str = "geometric_aligned_ot", y: Tensor | None = No
     return rows
 
 
-__all__ = ["RECIPES", "TRANSFER", "UNANCHORED_GNN", "NEURON_ANCHORED", "BMA_SIZES", "describe", "Budget", "budget", "split", "permuted_mnist", "task_data", "make_flow",
-           "train_flow", "sample_flow", "probs_of", "score", "nearest_neighbour_ratio", "bma_curve",
-           "neuron_similarity", "width_transfer", "trained_networks", "init_curves", "field_size_sweep"]
+__all__ = ["RECIPES", "TRANSFER", "UNANCHORED_GNN", "NEURON_ANCHORED", "BMA_SIZES", "describe", "Budget", "budget",
+           "split", "permuted_mnist", "task_data", "make_flow", "train_flow", "sample_flow", "probs_of", "score",
+           "nearest_neighbour_ratio", "bma_curve", "neuron_similarity", "width_transfer", "trained_networks",
+           "init_curves", "field_size_sweep"]

@@ -19,5 +19,5 @@ from wsbook.weightflow.flow import FitResult, WeightFlow, reference_sample, samp
 from wsbook.weightflow.guidance import Guidance, task_gradient
 
 __all__ = ["Chart", "EuclideanChart", "NormalizedChart", "GeometricChart", "make_chart", "chart_from_config",
-           "gnn_field", "FlatField", "NeuronField", "field_from_config", "WeightFlow", "FitResult", "reference_sample",
-           "sample_times", "Guidance", "task_gradient"]
+           "gnn_field", "FlatField", "NeuronField", "field_from_config", "WeightFlow", "FitResult",
+           "reference_sample", "sample_times", "Guidance", "task_gradient"]
