@@ -397,12 +397,33 @@ def neuron_similarity(spec: MLPSpec, theta: Tensor) -> float:
     return float(cos.amax(-1).mean())
 
 
+def assembled_networks(narrow: Tensor, spec: MLPSpec, wide: MLPSpec, n: int,
+                       generator: torch.Generator | None = None) -> Tensor:
+    """``n`` networks of the wider one-hidden-layer ``wide`` built from the neurons of trained networks of
+    ``spec``: each takes the hidden neurons (incoming weights, bias, outgoing weights) of ``ceil(H / h)``
+    random members of ``narrow [N, D]`` until it has ``H``, scales the outgoing weights by ``h / H`` and
+    averages the members' output biases. For whole members this is the average of their logits: what a
+    wider layer made of real narrow-network neurons computes (a reference for width transfer)."""
+    if len(spec.widths) != 3 or len(wide.widths) != 3 or spec.widths[::2] != wide.widths[::2]:
+        raise ValueError(f"assembled_networks: {spec} and {wide} must be one-hidden-layer MLPs with the same "
+                         f"inputs and outputs")
+    h, big = spec.widths[1], wide.widths[1]
+    k = -(-big // h)
+    pick = torch.randint(narrow.shape[0], (n * k,), generator=generator)
+    (w1, w2), (b1, b2) = spec.weights(narrow[pick]), spec.biases(narrow[pick])
+    w1 = w1.reshape(n, k * h, -1)[:, :big]
+    b1 = b1.reshape(n, k * h)[:, :big]
+    w2 = w2.reshape(n, k, -1, h).permute(0, 2, 1, 3).reshape(n, -1, k * h)[..., :big] * (h / big)
+    return wide.pack([w1, w2], [b1, b2.reshape(n, k, -1).mean(1)])
+
+
 def width_transfer(seed: int = 0) -> dict[str, dict]:
     """Table 7.4: the unanchored flows trained on 784-10-10 networks sampling 784-32-10 networks
     (:meth:`WeightFlow.with_spec`), scored on the MNIST test set beside trained 784-32-10 networks.
 
     Returns ``{row name: score}`` (:func:`score`, plus :func:`neuron_similarity` and, for flow rows,
-    ``sample_seconds``): the trained zoo (``n_wide`` random checkpoints, drawn from ``seed``),
+    ``sample_seconds``): the trained zoo (``n_wide`` random checkpoints, drawn from ``seed``), wide
+    networks assembled from the neurons of the 784-10-10 training checkpoints (:func:`assembled_networks`),
     :data:`TRANSFER` without and with MNIST guidance, and :data:`UNANCHORED_GNN` without.
     """
     b = budget()
@@ -411,6 +432,11 @@ def width_transfer(seed: int = 0) -> dict[str, dict]:
     theta = wide.theta[pick]
     rows = {"trained 784-32-10 (zoo)": {**score(probs_of(wide.spec, theta, ds), ds.y_test),
                                         "neuron_similarity": neuron_similarity(wide.spec, theta)}}
+    train = split()["train"]
+    theta = assembled_networks(train.theta, train.spec, wide.spec, b.n_wide,
+                               generator=torch.Generator().manual_seed(seed))
+    rows["assembled from 784-10-10 neurons"] = {**score(probs_of(wide.spec, theta, ds), ds.y_test),
+                                                "neuron_similarity": neuron_similarity(wide.spec, theta)}
     for recipe, guided in ((TRANSFER, None), (TRANSFER, "mnist"), (UNANCHORED_GNN, None)):
         theta, seconds = sample_flow(recipe, n=b.n_wide, widths=wide.spec.widths, guided=guided, seed=seed)
         rows[f"{recipe}, transferred" + (" + guidance" if guided else "")] = {
@@ -492,5 +518,5 @@ def field_size_sweep(recipe: str = "geometric_aligned_ot", y: Tensor | None = No
 
 __all__ = ["RECIPES", "TRANSFER", "UNANCHORED_GNN", "NEURON_ANCHORED", "BMA_SIZES", "describe", "Budget", "budget",
            "split", "permuted_mnist", "task_data", "make_flow", "train_flow", "sample_flow", "probs_of", "score",
-           "nearest_neighbour_ratio", "bma_curve", "neuron_similarity", "width_transfer", "trained_networks",
+           "nearest_neighbour_ratio", "bma_curve", "neuron_similarity", "assembled_networks", "width_transfer", "trained_networks",
            "init_curves", "field_size_sweep"]
