@@ -215,8 +215,9 @@ class NeuronField(_Anchored, nn.Module):
         if self.anchored:
             self.register_buffer("anchor", torch.zeros(1, spec.n_params))
         self.enc = nn.Sequential(nn.Linear(size * (2 if anchored else 1), hidden), nn.SiLU(), nn.Linear(hidden, hidden))
-        self.time = nn.Linear(17, hidden)
-        # self-attention among the neurons (no positions: equivariant), so that neurons can divide the work
+        # self-attention among the neurons (no positions: equivariant), so that neurons can divide the work;
+        # they read the time through their encodings (without attention it enters through the context only)
+        self.time = nn.Linear(17, hidden) if attention_layers else None
         self.mix = nn.ModuleList(nn.TransformerEncoderLayer(hidden, heads, 2 * hidden, dropout=0.0, activation="gelu",
                                                             batch_first=True, norm_first=True)
                                  for _ in range(attention_layers))
@@ -234,7 +235,7 @@ class NeuronField(_Anchored, nn.Module):
         u, b2 = self._neurons(x)                                                     # [B, H, in + 1 + out]
         tf = time_features(t, 16, x.shape[0]).to(x)
         h = self.enc(torch.cat([u, self._neurons(self.anchor)[0].expand_as(u)], -1) if self.anchored else u)
-        if len(self.mix):
+        if self.time is not None:
             h = h + self.time(tf)[:, None]
             for layer in self.mix:
                 h = layer(h)
