@@ -109,12 +109,14 @@ def test_neuron_similarity_is_one_for_repeated_neurons_and_zero_for_orthogonal_o
 
 def test_assembled_networks_average_the_logits_of_whole_members():
     spec, wide = MLPSpec((5, 3, 4)), MLPSpec((5, 6, 4))
-    narrow = spec.init(4, generator=torch.Generator().manual_seed(0), device="cpu")
+    narrow = spec.init(16, generator=torch.Generator().manual_seed(0), device="cpu")
     gen = torch.Generator().manual_seed(1)
     theta = mf.assembled_networks(narrow, spec, wide, 7, generator=gen)
-    pick = torch.randint(4, (14,), generator=torch.Generator().manual_seed(1)).reshape(7, 2)
+    pick = torch.randperm(16, generator=torch.Generator().manual_seed(1))[:14].reshape(7, 2)
     x = torch.randn(9, 5, generator=torch.Generator().manual_seed(2))
     members = torch.stack([spec.forward(narrow[pick[:, j]], x) for j in range(2)]).mean(0)
     assert torch.allclose(wide.forward(theta, x), members, atol=1e-5)
+    with pytest.raises(ValueError, match="need 18 members"):     # members are drawn without replacement
+        mf.assembled_networks(narrow, spec, wide, 9)
     with pytest.raises(ValueError, match="same"):
         mf.assembled_networks(narrow, spec, MLPSpec((6, 6, 4)), 2)

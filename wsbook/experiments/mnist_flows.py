@@ -399,17 +399,22 @@ def neuron_similarity(spec: MLPSpec, theta: Tensor) -> float:
 
 def assembled_networks(narrow: Tensor, spec: MLPSpec, wide: MLPSpec, n: int,
                        generator: torch.Generator | None = None) -> Tensor:
-    """``n`` networks of the wider one-hidden-layer ``wide`` built from the neurons of trained networks of
-    ``spec``: each takes the hidden neurons (incoming weights, bias, outgoing weights) of ``ceil(H / h)``
-    random members of ``narrow [N, D]`` until it has ``H``, scales the outgoing weights by ``h / H`` and
-    averages the members' output biases. For whole members this is the average of their logits: what a
-    wider layer made of real narrow-network neurons computes (a reference for width transfer)."""
+    """``n`` networks of the wider one-hidden-layer ``wide`` built from the neurons of networks of ``spec``:
+    each takes the hidden neurons (incoming weights, bias, outgoing weights) of ``ceil(H / h)`` members of
+    ``narrow [N, D]`` drawn without replacement until it has ``H``, scales the outgoing weights by ``h / H``
+    and averages the members' output biases. For whole members this is the average of their logits: what a
+    wider layer made of narrow-network neurons computes. With trained networks as ``narrow`` it is a
+    reference for width transfer; with independent flow samples, a way to sample wide networks from a flow
+    over narrow ones."""
     if len(spec.widths) != 3 or len(wide.widths) != 3 or spec.widths[::2] != wide.widths[::2]:
         raise ValueError(f"assembled_networks: {spec} and {wide} must be one-hidden-layer MLPs with the same "
                          f"inputs and outputs")
     h, big = spec.widths[1], wide.widths[1]
     k = -(-big // h)
-    pick = torch.randint(narrow.shape[0], (n * k,), generator=generator)
+    if narrow.shape[0] < n * k:
+        raise ValueError(f"assembled_networks: {n} networks of width {big} need {n * k} members of width {h}; "
+                         f"got {narrow.shape[0]}")
+    pick = torch.randperm(narrow.shape[0], generator=generator)[:n * k]
     (w1, w2), (b1, b2) = spec.weights(narrow[pick]), spec.biases(narrow[pick])
     w1 = w1.reshape(n, k * h, -1)[:, :big]
     b1 = b1.reshape(n, k * h)[:, :big]
@@ -424,7 +429,9 @@ def width_transfer(seed: int = 0) -> dict[str, dict]:
     Returns ``{row name: score}`` (:func:`score`, plus :func:`neuron_similarity` and, for flow rows,
     ``sample_seconds``): the trained zoo (``n_wide`` random checkpoints, drawn from ``seed``), wide
     networks assembled from the neurons of the 784-10-10 training checkpoints (:func:`assembled_networks`),
-    :data:`TRANSFER` without and with MNIST guidance, and :data:`UNANCHORED_GNN` without.
+    the same assembly of independent 784-10-10 samples of :data:`NEURON_ANCHORED` (no guidance; the anchored
+    field exists for one width only), :data:`TRANSFER` without and with MNIST guidance, and
+    :data:`UNANCHORED_GNN` without.
     """
     b = budget()
     ds, wide = data.load(ZOO), targets.zoo(WIDE_ZOO)
@@ -437,6 +444,12 @@ def width_transfer(seed: int = 0) -> dict[str, dict]:
                                generator=torch.Generator().manual_seed(seed))
     rows["assembled from 784-10-10 neurons"] = {**score(probs_of(wide.spec, theta, ds), ds.y_test),
                                                 "neuron_similarity": neuron_similarity(wide.spec, theta)}
+    k = -(-wide.spec.widths[1] // train.spec.widths[1])
+    narrow, seconds = sample_flow(NEURON_ANCHORED, n=b.n_wide * k, seed=seed)
+    theta = assembled_networks(narrow, train.spec, wide.spec, b.n_wide, generator=torch.Generator().manual_seed(seed))
+    rows[f"{NEURON_ANCHORED}, composed"] = {**score(probs_of(wide.spec, theta, ds), ds.y_test),
+                                            "neuron_similarity": neuron_similarity(wide.spec, theta),
+                                            "sample_seconds": seconds}
     for recipe, guided in ((TRANSFER, None), (TRANSFER, "mnist"), (UNANCHORED_GNN, None)):
         theta, seconds = sample_flow(recipe, n=b.n_wide, widths=wide.spec.widths, guided=guided, seed=seed)
         rows[f"{recipe}, transferred" + (" + guidance" if guided else "")] = {
