@@ -175,6 +175,26 @@ def test_canonicalization_idempotent_and_function_preserving():
     torch.testing.assert_close(S.canonicalize(spec, other, task="classification"), c, atol=1e-5, rtol=1e-4)
 
 
+def test_rescale_neurons_sets_incoming_norms_and_keeps_the_function():
+    g = _gen(12)
+    spec = MLPSpec((5, 32, 24, 3))
+    x = torch.randn(100, 5, generator=g)
+    theta = spec.init(4, generator=g)
+    wanted = [torch.full((4, 32), 2.5), torch.rand(4, 24, generator=g) + 0.5]
+    out = S.rescale_neurons(spec, theta, wanted)
+    for got, want in zip(S.neuron_norms(spec, out), wanted):
+        torch.testing.assert_close(got, want)
+    assert _rel(spec, theta, out, x) < 1e-5
+    assert (out - theta).abs().max() > 1e-2
+    # unit norms are what normalize_neurons gives before it scales the last layer
+    torch.testing.assert_close(S.rescale_neurons(spec, theta, 1.0),
+                               S.normalize_neurons(spec, theta, task="regression"))
+    with pytest.raises(ValueError, match="hidden layers"):
+        S.rescale_neurons(spec, theta, [1.0])
+    with pytest.raises(ValueError, match="positive"):
+        S.rescale_neurons(spec, theta, -1.0)
+
+
 def test_sphere_blocks_round_trip_and_distance():
     g = _gen(11)
     spec = MLPSpec((5, 16, 8, 3))

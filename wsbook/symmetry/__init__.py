@@ -5,8 +5,9 @@ package that permutes, flips or rescales neurons. Chapter 5 of the book explains
 from wsbook.symmetry.actions import (act_on_layer_, check_permutations, compose, flip_signs, function_difference,
                                      inverse_permutation, permute, permute_soft, random_permutation, random_scales,
                                      random_signs, scale)
-from wsbook.symmetry.canonical import (canonicalize, from_spheres, normalize_neurons, product_manifold,
-                                       sign_canonicalize, sort_neurons, sphere_blocks, sphere_distance, to_spheres)
+from wsbook.symmetry.canonical import (canonicalize, from_spheres, neuron_norms, normalize_neurons, product_manifold,
+                                       rescale_neurons, sign_canonicalize, sort_neurons, sphere_blocks,
+                                       sphere_distance, to_spheres)
 from wsbook.symmetry.lmc import (auc, barrier, connectivity, gaussian_interpolation_curve, interpolation_curve)
 from wsbook.symmetry.matching import (Alignment, GaussianAlignment, activation_matching, activation_statistics,
                                       hungarian, sign_aware_weight_matching, sinkhorn, sinkhorn_matching,
@@ -20,7 +21,8 @@ __all__ = [
     "Alignment", "GaussianAlignment",
     "hungarian", "weight_matching", "sign_aware_weight_matching", "variational_matching",
     "activation_statistics", "activation_matching", "sinkhorn", "sinkhorn_matching",
-    "canonicalize", "normalize_neurons", "sort_neurons", "sign_canonicalize", "sphere_blocks", "to_spheres",
+    "canonicalize", "neuron_norms", "normalize_neurons", "rescale_neurons", "sort_neurons", "sign_canonicalize",
+    "sphere_blocks", "to_spheres",
     "from_spheres", "sphere_distance", "product_manifold",
     "interpolation_curve", "barrier", "auc", "connectivity", "gaussian_interpolation_curve",
 ]

@@ -55,17 +55,45 @@ def _last_layer(spec: NetSpec) -> slice:
     return slice(w_sl.start, b_sl.stop if b_sl is not None else w_sl.stop)
 
 
+def neuron_norms(spec: NetSpec, theta: Tensor) -> list[Tensor]:
+    """The norm of every hidden neuron's ``[w_in, b]`` (for a CNN channel: its filter and bias), one ``[B, width]``
+    tensor per hidden layer: the scale that the ReLU scaling symmetry moves freely between a neuron's incoming
+    and outgoing weights."""
+    views = _views(spec, spec.check(theta))
+    return [_group_rows(spec, views, h, "in").norm(dim=2) for h in range(len(symmetry_spec(spec).groups))]
+
+
+def rescale_neurons(spec: NetSpec, theta: Tensor, norms: float | Tensor | list) -> Tensor:
+    """The same networks with every hidden neuron's ``[w_in, b]`` scaled to norm ``norms`` and its outgoing
+    weights scaled inversely (a ReLU scaling symmetry: the function is unchanged), layer by layer.
+
+    ``norms``: one number for all neurons, or one per hidden layer (numbers or tensors broadcasting to
+    ``[B, width]``, e.g. the mean of :func:`neuron_norms` over a population whose scale convention is wanted:
+    canonical networks have unit incoming norms, which plain SGD handles badly). Dead neurons (zero incoming
+    weights) are left as they are. The population is copied once and rescaled in place."""
+    _check(spec, "classification")
+    out = spec.check(theta).clone(memory_format=torch.contiguous_format)
+    n_groups = len(symmetry_spec(spec).groups)
+    per_layer = list(norms) if isinstance(norms, (list, tuple)) else [norms] * n_groups
+    if len(per_layer) != n_groups:
+        raise ValueError(f"rescale_neurons: {len(per_layer)} norms for {n_groups} hidden layers of {spec}")
+    for h, target in enumerate(per_layer):
+        current = _group_rows(spec, _views(spec, out), h, "in").norm(dim=2)
+        s = torch.where(current > 0, torch.as_tensor(target).to(current) / current.clamp_min(1e-30),
+                        torch.ones_like(current))
+        if not torch.isfinite(s).all() or (s <= 0).any():
+            raise ValueError("rescale_neurons: norms must be positive and finite")
+        act_on_layer_(spec, out, h, scale=s)
+    return out
+
+
 def normalize_neurons(spec: NetSpec, theta: Tensor, task: str = "classification") -> Tensor:
     """Scale every hidden neuron's ``[w_in, b]`` to unit norm, layer by layer, multiplying its outgoing
-    weights by the old norm (a ReLU scaling symmetry); then the last layer to norm ``sqrt(C)`` for
-    classifiers (Pittorino et al., 2022). Dead neurons (zero incoming weights) are left as they are.
-    The population is copied once and each layer is rescaled in place (:func:`act_on_layer_`)."""
+    weights by the old norm (a ReLU scaling symmetry, :func:`rescale_neurons`); then the last layer to norm
+    ``sqrt(C)`` for classifiers (Pittorino et al., 2022). Dead neurons (zero incoming weights) are left as
+    they are."""
     _check(spec, task)
-    out = spec.check(theta).clone(memory_format=torch.contiguous_format)
-    for h in range(len(symmetry_spec(spec).groups)):
-        norms = _group_rows(spec, _views(spec, out), h, "in").norm(dim=2)
-        s = torch.where(norms > 0, 1.0 / norms.clamp_min(1e-30), torch.ones_like(norms))
-        act_on_layer_(spec, out, h, scale=s)
+    out = rescale_neurons(spec, theta, 1.0)
     if task == "classification":
         last = _last_layer(spec)
         norm = out[:, last].norm(dim=1, keepdim=True).clamp_min(1e-30)
