@@ -4,6 +4,8 @@ import pytest
 import torch
 
 from wsbook.experiments import flows
+from wsbook.nets import MLPSpec
+from wsbook.weightflow import NeuronField, NeuronGraphField
 
 
 @pytest.fixture(autouse=True)
@@ -27,6 +29,12 @@ def test_config_names_and_errors():
     assert ext.name == head.name and ext.global_context and not head.global_context
     assert ext.steps == flows.EXTENDED_STEPS * head.steps and ext.lr > head.lr
     assert flows.extended_config(steps=7).steps == 7
+    # the neuron field: named apart, anchored on the aligned chart, the deep or one-layer class as needed
+    neuron = flows.neuron_config()
+    assert neuron.name == "neuron_euclidean_aligned_ot" and neuron.anchored and not neuron.align_pairs
+    split = flows.zoo_split("breast_cancer")
+    assert isinstance(flows.build_field(split.spec, neuron), NeuronGraphField)
+    assert isinstance(flows.build_field(MLPSpec((4, 3, 2)), neuron), NeuronField)
     with pytest.raises(ValueError, match="variant"):
         flows.flow_config("geometric", "sorted")
     with pytest.raises(ValueError, match="chart"):

@@ -10,8 +10,8 @@ from torch import nn
 from wsbook import cache
 from wsbook.nets import MLPSpec
 from wsbook.symmetry import permute, random_permutation
-from wsbook.weightflow import (EuclideanChart, FlatField, GeometricChart, Guidance, NeuronField, NormalizedChart,
-                               WeightFlow, gnn_field, make_chart, reference_sample, sample_times, task_gradient)
+from wsbook.weightflow import (EuclideanChart, FlatField, GeometricChart, Guidance, NeuronField,
+                               NeuronGraphField, NormalizedChart, WeightFlow, gnn_field, make_chart, reference_sample, sample_times, task_gradient)
 
 SPEC = MLPSpec((4, 5, 3, 2))
 
@@ -458,6 +458,47 @@ def test_anchored_neuron_field_is_equivariant_in_the_pair_and_fit_sets_its_ancho
         assert torch.allclose(flow.velocity(0.3, nets[:3]), again.velocity(0.3, nets[:3]), atol=1e-6)
     with pytest.raises(ValueError, match="anchored=False"):
         NeuronField(spec, hidden=8).set_anchor(anchor)
+
+
+@pytest.mark.parametrize("widths", [(4, 5, 3, 2), (4, 3, 5, 3, 2)])
+def test_neuron_graph_field_is_equivariant_reaches_across_layers_and_transfers(widths):
+    spec = MLPSpec(widths)
+    field = NeuronGraphField(spec, hidden=16, edge_dim=8, rounds=1)
+    with torch.no_grad():      # the linear terms start at zero; give them values so the checks can fail
+        field.linear_edges.normal_(generator=gen(5))
+        for lin in field.linear_nodes:
+            lin.normal_(generator=gen(6))
+    theta, t, out = _check_equivariant_and_batch_independent(field, spec)
+    with torch.no_grad():
+        # a first-layer neuron's velocity depends on the output weights (through the edges and the
+        # context), and every weight between hidden layers gets its own velocity
+        far = theta.clone()
+        spec.weights(far)[-1][:] += 1.0
+        w_in, _ = spec.slices(0)
+        assert ((field(t, far) - out)[:, w_in].abs().amax(0) > 1e-6).all()
+        w_mid, _ = spec.slices(1)
+        assert out[:, w_mid].std(1).min() > 1e-4
+    flow = WeightFlow(EuclideanChart(spec), field, coupling="ot", align_pairs=True)
+    flow.fit(zoo(32, spec), steps=2, batch_size=16, generator=gen(), progress=False)
+    again = WeightFlow.from_state(flow.state_dict())
+    assert again.field.config() == field.config() and again.field.config()["kind"] == "neuron_graph"
+    wide = MLPSpec((widths[0], *(w + 2 for w in widths[1:-1]), widths[-1]))
+    big = again.with_spec(wide)
+    nets = big.sample(5, steps=3, generator=gen(12))
+    assert nets.shape == (5, wide.n_params) and torch.isfinite(nets).all()
+    _check_equivariant_and_batch_independent(big.ema, wide)
+    assert all(torch.equal(a, b) for a, b in zip(again.ema.parameters(), big.ema.parameters()))
+    with pytest.raises(ValueError, match="two or more hidden layers"):
+        NeuronGraphField(MLPSpec((4, 3, 2)))
+    with pytest.raises(ValueError, match="inputs and outputs"):
+        field.with_spec(MLPSpec((5, *widths[1:])))
+
+
+def test_anchored_neuron_graph_field_is_equivariant_in_the_pair():
+    field = NeuronGraphField(SPEC, hidden=16, edge_dim=8, rounds=1, anchored=True)
+    _check_equivariant_in_the_pair(field, SPEC)
+    with pytest.raises(ValueError, match="widths only"):
+        field.with_spec(MLPSpec((4, 7, 3, 2)))
 
 
 # ------------------------------------------------------------------------------------------ guidance

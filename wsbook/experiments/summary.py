@@ -15,9 +15,10 @@ from wsbook.experiments import flows, tasks
 from wsbook.experiments import mnist_flows as mf
 
 #: the rows the discussion compares on each task: the target, the plain baseline and the book's GNN flows
-#: (on breast cancer also the headline flow's extended budget, chapter 8's last row)
+#: (on breast cancer also the headline flow's extended budget and the field that reads whole neurons)
 EXTENDED = "euclidean_aligned_ot, extended"
-BREAST_CANCER_ROWS = ("plain baseline", "euclidean_aligned_ot", "geometric_aligned_ot", EXTENDED)
+NEURON_GRAPH = flows.neuron_config().name
+BREAST_CANCER_ROWS = ("plain baseline", "euclidean_aligned_ot", "geometric_aligned_ot", EXTENDED, NEURON_GRAPH)
 MNIST_ROWS = ("plain_baseline", "euclidean_aligned_ot", "geometric_aligned_ot", mf.UNANCHORED_GNN, mf.TRANSFER,
               mf.NEURON_ANCHORED)
 
@@ -39,8 +40,9 @@ def headline() -> pd.DataFrame:
     target = flows.target_rows(refs, n_gen)["target"]
     sets = {"target": target}
     for name in BREAST_CANCER_ROWS:
-        cfg = (flows.baseline_config() if name == "plain baseline" else flows.extended_config() if name == EXTENDED
-               else flows.flow_config(*name.split("_", 1)))
+        special = {"plain baseline": flows.baseline_config, EXTENDED: flows.extended_config,
+                   NEURON_GRAPH: flows.neuron_config}
+        cfg = special[name]() if name in special else flows.flow_config(*name.split("_", 1))
         theta, _ = flows.sample_flow("breast_cancer", cfg, n_gen, steps=solver_steps)
         sets[name] = flows.score(theta, refs)
     for name, s in sets.items():

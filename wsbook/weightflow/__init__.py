@@ -3,8 +3,9 @@
 * :mod:`~wsbook.weightflow.charts`: Euclidean, Normalized and Geometric charts (networks <-> points of a
   manifold, sources with exact log-densities, weight-space vectors -> tangent vectors).
 * :mod:`~wsbook.weightflow.fields`: vector fields over weights ``field(t, x)``: the equivariant GNN
-  (:func:`gnn_field`), the DeepSets field over one hidden layer's neurons (:class:`NeuronField`) and the
-  flat-MLP baseline (:class:`FlatField`).
+  (:func:`gnn_field`), the DeepSets field over one hidden layer's neurons (:class:`NeuronField`), its
+  graph-network counterpart for deeper MLPs (:class:`NeuronGraphField`) and the flat-MLP baseline
+  (:class:`FlatField`).
 * :mod:`~wsbook.weightflow.flow`: :class:`WeightFlow` (fit, sample, log_prob, state_dict / from_state,
   with_spec) and the reference code's sampler, kept to measure its error.
 * :mod:`~wsbook.weightflow.guidance`: task-loss guidance for the whole population at once.
@@ -14,10 +15,10 @@ package or ``experiments``: the populations it learns from are handed to it.
 """
 from wsbook.weightflow.charts import (Chart, EuclideanChart, GeometricChart, NormalizedChart, chart_from_config,
                                       make_chart)
-from wsbook.weightflow.fields import FlatField, NeuronField, field_from_config, gnn_field
+from wsbook.weightflow.fields import FlatField, NeuronField, NeuronGraphField, field_from_config, gnn_field
 from wsbook.weightflow.flow import FitResult, WeightFlow, reference_sample, sample_times
 from wsbook.weightflow.guidance import Guidance, task_gradient
 
 __all__ = ["Chart", "EuclideanChart", "NormalizedChart", "GeometricChart", "make_chart", "chart_from_config",
-           "gnn_field", "FlatField", "NeuronField", "field_from_config", "WeightFlow", "FitResult",
+           "gnn_field", "FlatField", "NeuronField", "NeuronGraphField", "field_from_config", "WeightFlow", "FitResult",
            "reference_sample", "sample_times", "Guidance", "task_gradient"]

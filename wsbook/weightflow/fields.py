@@ -11,6 +11,9 @@ flat weight layout and ``t`` a scalar or ``[B]``; they return one number per wei
 * :class:`NeuronField`: a DeepSets field over the hidden neurons of a one-hidden-layer MLP: one MLP reads
   each neuron's incoming weights, bias and outgoing weights whole, beside the mean over all neurons.
   Equivariant and width-agnostic like the GNN, with a flat MLP's reach on each neuron.
+* :class:`NeuronGraphField`: its counterpart for two or more hidden layers, a graph network over the
+  hidden neurons whose nodes read their input or output weights whole and whose edges are the weights
+  between hidden layers.
 """
 from __future__ import annotations
 
@@ -268,6 +271,145 @@ class NeuronField(_Anchored, nn.Module):
         return new
 
 
+def _mlp(n_in: int, hidden: int, n_out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(n_in, hidden), nn.SiLU(), nn.Linear(hidden, n_out))
+
+
+class NeuronGraphField(_Anchored, nn.Module):
+    """``field(t, x)`` for MLPs with two or more hidden layers: a graph network over the hidden neurons
+    whose nodes read their fixed-order weights whole, as :class:`NeuronField` does for one hidden layer.
+
+    The input and output neurons of an MLP are not exchangeable, so the weights that touch them belong to
+    a hidden neuron in a fixed order: node ``j`` of the first hidden layer reads ``[W1[j, :], b1[j]]`` at
+    once (all its input weights), a node of the last hidden layer ``[b_L[j], W_out[:, j]]``, a node in
+    between its bias. Only the weights between two hidden layers are indexed by exchangeable neurons on
+    both sides; they are the edges, each with a feature of its own. ``rounds`` message-passing rounds
+    update every edge from its two end nodes (``e += mlp(e + P h_dst + Q h_src)``), every node from the mean
+    of its incoming and outgoing edges' messages, and every node from a context that reads the mean node of
+    every hidden layer, the output bias and the time (a virtual node: how far a network has trained is a
+    property of the whole network). Decoders give each node's fixed-order weights and bias their velocity,
+    each edge its weight's, and the context the output bias's; a per-coordinate linear term ``(a + b t) x``
+    starts at zero.
+
+    The field is equivariant to permutations of every hidden layer and no parameter depends on a hidden
+    width, so unanchored fields sample other widths (:meth:`with_spec`). Compared with
+    :class:`GNNField`, which sees every weight through a small edge feature and sums over hundreds of
+    input edges, a node here sees its input weights as one vector: on breast cancer (30-16-16-2) it trains
+    in a fraction of the graph network's time per step (chapter 8).
+
+    Args:
+        spec: an MLP with at least two hidden layers and biases.
+        hidden: width of the node features and of the decoders.
+        edge_dim: width of the edge features.
+        rounds: message-passing rounds.
+        anchored: read an anchor network beside ``x`` (as :class:`GNNField`'s ``anchored``): equivariant in
+            the pair, for the anchor's widths only.
+    """
+
+    def __init__(self, spec: MLPSpec, hidden: int = 128, edge_dim: int = 32, rounds: int = 2, anchored: bool = False):
+        super().__init__()
+        if not isinstance(spec, MLPSpec) or len(spec.widths) < 4 or not spec.bias:
+            raise ValueError(f"NeuronGraphField needs an MLPSpec with two or more hidden layers and biases; got {spec} "
+                             f"(one hidden layer: NeuronField)")
+        if min(hidden, edge_dim, rounds) < 1:
+            raise ValueError(f"NeuronGraphField: hidden, edge_dim and rounds must be positive; got "
+                             f"{hidden}, {edge_dim}, {rounds}")
+        self.spec, self.anchored = spec, bool(anchored)
+        self.kwargs = dict(hidden=hidden, edge_dim=edge_dim, rounds=rounds) | ({"anchored": True} if anchored else {})
+        n_in, n_out, n_hidden = spec.widths[0], spec.widths[-1], len(spec.widths) - 2
+        sizes = [1 + (n_in if l == 0 else 0) + (n_out if l == n_hidden - 1 else 0) for l in range(n_hidden)]
+        c = 2 if anchored else 1
+        if anchored:
+            self.register_buffer("anchor", torch.zeros(1, spec.n_params))
+        summary = n_hidden * hidden + n_out + 17
+
+        def per_edge_set(make):
+            return nn.ModuleList(make() for _ in range(n_hidden - 1))
+
+        def per_round(make):
+            return nn.ModuleList(make() for _ in range(rounds))
+
+        self.enc = nn.ModuleList(_mlp(c * k, hidden, hidden) for k in sizes)
+        self.edge_enc = per_edge_set(lambda: _mlp(c, edge_dim, edge_dim))
+        self.time = nn.Linear(17, hidden)
+        self.msg = per_round(lambda: per_edge_set(lambda: _mlp(edge_dim, edge_dim, edge_dim)))
+        self.dst = per_round(lambda: per_edge_set(lambda: nn.Linear(hidden, edge_dim)))
+        self.src = per_round(lambda: per_edge_set(lambda: nn.Linear(hidden, edge_dim)))
+        self.down = per_round(lambda: per_edge_set(lambda: nn.Linear(edge_dim, hidden)))
+        self.up = per_round(lambda: per_edge_set(lambda: nn.Linear(edge_dim, hidden)))
+        self.ctx = per_round(lambda: _mlp(summary, hidden, n_hidden * hidden))
+        self.norm = per_round(lambda: nn.ModuleList(nn.LayerNorm(hidden) for _ in range(n_hidden)))
+        self.node = per_round(lambda: nn.ModuleList(_mlp(hidden, hidden, hidden) for _ in range(n_hidden)))
+        self.dec = nn.ModuleList(nn.Sequential(nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, k))
+                                 for k in sizes)
+        self.edge_dst = per_edge_set(lambda: nn.Linear(hidden, edge_dim))
+        self.edge_src = per_edge_set(lambda: nn.Linear(hidden, edge_dim))
+        self.edge_dec = per_edge_set(lambda: _mlp(edge_dim, edge_dim, 1))
+        self.head = _mlp(summary, hidden, n_out)
+        self.linear_nodes = nn.ParameterList(nn.Parameter(torch.zeros(2, k)) for k in sizes)
+        self.linear_edges = nn.Parameter(torch.zeros(2, n_hidden - 1))
+
+    def _parts(self, x: Tensor) -> tuple[list[Tensor], list[Tensor], Tensor]:
+        """Per hidden layer its nodes' fixed-order vectors ``[B, width, size]``, per pair of consecutive hidden
+        layers the weights between them ``[B, width_next, width]``, and the output bias ``[B, out]``."""
+        ws, bs = self.spec.weights(x), self.spec.biases(x)
+        n_hidden = len(self.spec.widths) - 2
+        nodes = []
+        for l in range(n_hidden):
+            parts = ([ws[0]] if l == 0 else []) + [bs[l][..., None]] + (
+                [ws[-1].transpose(1, 2)] if l == n_hidden - 1 else [])
+            nodes.append(torch.cat(parts, -1))
+        return nodes, list(ws[1:-1]), bs[-1]
+
+    def forward(self, t: Tensor | float, x: Tensor) -> Tensor:
+        x = self.spec.check(x, "x")
+        t = _times(t, x)
+        tf = time_features(t, 16, x.shape[0]).to(x)
+        nodes, edges, b_out = self._parts(x)
+        if self.anchored:
+            a_nodes, a_edges, _ = self._parts(self.anchor)
+            node_in = [torch.cat([u, a.expand_as(u)], -1) for u, a in zip(nodes, a_nodes)]
+            edge_in = [torch.stack([e, a.expand_as(e)], -1) for e, a in zip(edges, a_edges)]
+        else:
+            node_in, edge_in = nodes, [e[..., None] for e in edges]
+        h = [enc(u) + self.time(tf)[:, None] for enc, u in zip(self.enc, node_in)]
+        e = [enc(u) for enc, u in zip(self.edge_enc, edge_in)]          # [B, width_next, width, edge_dim]
+        for r in range(len(self.msg)):
+            for k in range(len(e)):                                     # edges from layer k to layer k + 1
+                m = self.msg[r][k](e[k] + self.dst[r][k](h[k + 1])[:, :, None] + self.src[r][k](h[k])[:, None])
+                e[k] = e[k] + m
+                h[k + 1] = h[k + 1] + self.down[r][k](m.mean(2))
+                h[k] = h[k] + self.up[r][k](m.mean(1))
+            g = self.ctx[r](torch.cat([hl.mean(1) for hl in h] + [b_out, tf], -1)).chunk(len(h), -1)
+            h = [hl + node(norm(hl + gl[:, None])) for hl, gl, node, norm in zip(h, g, self.node[r], self.norm[r])]
+        tt = t[:, None, None]
+        v_nodes = [dec(hl) + (lin[0] + tt * lin[1]) * u
+                   for dec, hl, lin, u in zip(self.dec, h, self.linear_nodes, nodes)]
+        v_edges = [self.edge_dec[k](e[k] + self.edge_dst[k](h[k + 1])[:, :, None] + self.edge_src[k](h[k])[:, None])[..., 0]
+                   + (self.linear_edges[0, k] + tt * self.linear_edges[1, k]) * edges[k] for k in range(len(e))]
+        n_in, n_out = self.spec.widths[0], self.spec.widths[-1]
+        weights = [v_nodes[0][..., :n_in], *v_edges, v_nodes[-1][..., -n_out:].transpose(1, 2)]
+        biases = [v[..., n_in if l == 0 else 0] for l, v in enumerate(v_nodes)]
+        b_head = self.head(torch.cat([hl.mean(1) for hl in h] + [b_out, tf], -1))
+        return self.spec.pack(weights, biases + [b_head])
+
+    def config(self) -> dict:
+        return {"kind": "neuron_graph", "widths": list(self.spec.widths), "activation": self.spec.activation,
+                **self.kwargs}
+
+    def with_spec(self, spec: MLPSpec) -> "NeuronGraphField":
+        """The same trained module on networks of other hidden widths (same depth, inputs and outputs)."""
+        if not isinstance(spec, MLPSpec) or len(spec.widths) != len(self.spec.widths) \
+                or spec.widths[0] != self.spec.widths[0] or spec.widths[-1] != self.spec.widths[-1]:
+            raise ValueError(f"NeuronGraphField.with_spec: {spec} must keep the depth, inputs and outputs of {self.spec}")
+        if self.anchored and spec != self.spec:
+            raise ValueError(f"NeuronGraphField.with_spec: an anchored field reads an anchor network of {self.spec} "
+                             f"and exists for those widths only")
+        new = NeuronGraphField(spec, **self.kwargs).to(self.linear_edges)
+        new.load_state_dict(self.state_dict())
+        return new
+
+
 def gnn_field(spec: MLPSpec, layer: str = "relational_transformer", dim: int = 32, n_layers: int = 3,
               heads: int = 1, attention: str = "neighbours", skip: bool = True, anchored: bool = False,
               global_context: bool = False) -> nn.Module:
@@ -278,7 +420,7 @@ def gnn_field(spec: MLPSpec, layer: str = "relational_transformer", dim: int = 3
                     anchored=anchored, global_context=global_context)
 
 
-FIELDS = {"gnn": GNNField, "flat": FlatField, "neuron": NeuronField}
+FIELDS = {"gnn": GNNField, "flat": FlatField, "neuron": NeuronField, "neuron_graph": NeuronGraphField}
 
 
 def field_from_config(cfg: dict) -> nn.Module:
