@@ -11,8 +11,8 @@ reference) and in one call of ``wsbook.symmetry.weight_matching(..., starts=("id
 same algorithm from the same start for every member at once). Agreement: identical permutations.
 
 Prints ``name, ours, peer, ratio`` lines (seconds; ratio = peer / ours, > 1 means wsbook is faster), and the
-share of our time spent in the Hungarian solves themselves (which both sides make with the same SciPy
-function, one matrix at a time).
+share of our time spent in the assignment solves themselves (one matrix at a time on both sides: SciPy's
+``linear_sum_assignment`` for the reference, the Jonker-Volgenant solver of the ``lap`` package for ours).
 """
 from __future__ import annotations
 

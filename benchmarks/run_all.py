@@ -24,7 +24,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PEERS = ("torch", "torch-geometric", "scipy", "pot", "pyro-ppl", "laplace-torch", "posteriors", "geoopt", "torchcfm")
+PEERS = ("torch", "torch-geometric", "scipy", "lap", "pot", "pyro-ppl", "laplace-torch", "posteriors", "geoopt",
+         "torchcfm")
 
 
 def machine() -> dict[str, str]:

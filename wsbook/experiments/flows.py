@@ -33,8 +33,8 @@ from wsbook.bayes import distances
 from wsbook.cache import cached
 from wsbook.experiments import targets
 from wsbook.nets import train_population
-from wsbook.weightflow import (FlatField, GeometricChart, Guidance, NeuronField, NeuronGraphField, WeightFlow, gnn_field,
-                               make_chart)
+from wsbook.weightflow import (FlatField, GeometricChart, Guidance, NeuronField, NeuronGraphField, WeightFlow,
+                               gnn_field, make_chart)
 
 CHARTS = ("euclidean", "normalized", "geometric")
 FIELDS = ("gnn", "flat", "neuron")

@@ -385,8 +385,10 @@ class NeuronGraphField(_Anchored, nn.Module):
         tt = t[:, None, None]
         v_nodes = [dec(hl) + (lin[0] + tt * lin[1]) * u
                    for dec, hl, lin, u in zip(self.dec, h, self.linear_nodes, nodes)]
-        v_edges = [self.edge_dec[k](e[k] + self.edge_dst[k](h[k + 1])[:, :, None] + self.edge_src[k](h[k])[:, None])[..., 0]
-                   + (self.linear_edges[0, k] + tt * self.linear_edges[1, k]) * edges[k] for k in range(len(e))]
+        v_edges = []
+        for k in range(len(e)):
+            read = self.edge_dec[k](e[k] + self.edge_dst[k](h[k + 1])[:, :, None] + self.edge_src[k](h[k])[:, None])
+            v_edges.append(read[..., 0] + (self.linear_edges[0, k] + tt * self.linear_edges[1, k]) * edges[k])
         n_in, n_out = self.spec.widths[0], self.spec.widths[-1]
         weights = [v_nodes[0][..., :n_in], *v_edges, v_nodes[-1][..., -n_out:].transpose(1, 2)]
         biases = [v[..., n_in if l == 0 else 0] for l, v in enumerate(v_nodes)]
@@ -401,7 +403,8 @@ class NeuronGraphField(_Anchored, nn.Module):
         """The same trained module on networks of other hidden widths (same depth, inputs and outputs)."""
         if not isinstance(spec, MLPSpec) or len(spec.widths) != len(self.spec.widths) \
                 or spec.widths[0] != self.spec.widths[0] or spec.widths[-1] != self.spec.widths[-1]:
-            raise ValueError(f"NeuronGraphField.with_spec: {spec} must keep the depth, inputs and outputs of {self.spec}")
+            raise ValueError(f"NeuronGraphField.with_spec: {spec} must keep the depth, inputs and outputs of "
+                             f"{self.spec}")
         if self.anchored and spec != self.spec:
             raise ValueError(f"NeuronGraphField.with_spec: an anchored field reads an anchor network of {self.spec} "
                              f"and exists for those widths only")
