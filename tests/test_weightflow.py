@@ -447,8 +447,22 @@ def test_anchored_neuron_field_is_equivariant_in_the_pair_and_fit_sets_its_ancho
     spec = MLPSpec((4, 3, 2))
     field = NeuronField(spec, hidden=16, depth=1, attention_layers=1, anchored=True)
     anchor = _check_equivariant_in_the_pair(field, spec)
-    with pytest.raises(ValueError, match="width only"):
-        field.with_spec(MLPSpec((4, 5, 2)))
+    # widening repeats the anchor's neurons: neuron j of the wide anchor is neuron j mod 3
+    wide = MLPSpec((4, 7, 2))
+    big = field.with_spec(wide)
+    idx = torch.arange(7) % 3
+    (w1, w2), (b1, b2) = spec.weights(field.anchor), spec.biases(field.anchor)
+    assert torch.equal(big.anchor, wide.pack([w1[:, idx], w2[:, :, idx]], [b1[:, idx], b2]))
+    assert all(torch.equal(a, b) for a, b in zip(field.parameters(), big.parameters()))
+    with torch.no_grad():        # copies of one anchor neuron read alike: equal inputs, equal outputs
+        (w1x, w2x), (b1x, b2x) = wide.weights(zoo(2, wide)), wide.biases(zoo(2, wide))
+        copy = torch.tensor([0, 1, 2, 0, 4, 5, 6])
+        v = big(0.4, wide.pack([w1x[:, copy], w2x[:, :, copy]], [b1x[:, copy], b2x]))
+        assert torch.allclose(wide.weights(v)[0][:, 3], wide.weights(v)[0][:, 0], atol=1e-5)
+        assert not torch.allclose(wide.weights(v)[0][:, 4], wide.weights(v)[0][:, 1], atol=1e-3)
+    _check_equivariant_in_the_pair(big, wide)
+    with pytest.raises(ValueError, match="not narrow"):
+        big.with_spec(MLPSpec((4, 2, 2)))
     nets = zoo(24, spec)
     flow = WeightFlow(EuclideanChart(spec), field, coupling="ot")
     flow.fit(nets, steps=2, batch_size=8, generator=gen(), progress=False)

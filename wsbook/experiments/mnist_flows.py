@@ -429,9 +429,10 @@ def width_transfer(seed: int = 0) -> dict[str, dict]:
     Returns ``{row name: score}`` (:func:`score`, plus :func:`neuron_similarity` and, for flow rows,
     ``sample_seconds``): the trained zoo (``n_wide`` random checkpoints, drawn from ``seed``), wide
     networks assembled from the neurons of the 784-10-10 training checkpoints (:func:`assembled_networks`),
-    the same assembly of independent 784-10-10 samples of :data:`NEURON_ANCHORED` (no guidance; the anchored
-    field exists for one width only), :data:`TRANSFER` without and with MNIST guidance, and
-    :data:`UNANCHORED_GNN` without.
+    :data:`NEURON_ANCHORED` at the new width (its anchor widened by repeating neurons,
+    :meth:`~wsbook.weightflow.NeuronField.with_spec`; outgoing weights scaled by the width ratio), the
+    assembly of independent 784-10-10 samples of :data:`NEURON_ANCHORED` (no guidance), :data:`TRANSFER`
+    without and with MNIST guidance, and :data:`UNANCHORED_GNN` without.
     """
     b = budget()
     ds, wide = data.load(ZOO), targets.zoo(WIDE_ZOO)
@@ -444,6 +445,14 @@ def width_transfer(seed: int = 0) -> dict[str, dict]:
                                generator=torch.Generator().manual_seed(seed))
     rows["assembled from 784-10-10 neurons"] = {**score(probs_of(wide.spec, theta, ds), ds.y_test),
                                                 "neuron_similarity": neuron_similarity(wide.spec, theta)}
+    # the anchored field at the new width (its anchor widened by repeating neurons); every neuron's outgoing
+    # weights are sized for the narrow width, so they are scaled by h / H to average rather than add up
+    theta, seconds = sample_flow(NEURON_ANCHORED, n=b.n_wide, widths=wide.spec.widths, seed=seed)
+    (w1, w2), (b1, b2) = wide.spec.weights(theta), wide.spec.biases(theta)
+    theta = wide.spec.pack([w1, w2 * train.spec.widths[1] / wide.spec.widths[1]], [b1, b2])
+    rows[f"{NEURON_ANCHORED}, transferred"] = {**score(probs_of(wide.spec, theta, ds), ds.y_test),
+                                               "neuron_similarity": neuron_similarity(wide.spec, theta),
+                                               "sample_seconds": seconds}
     k = -(-wide.spec.widths[1] // train.spec.widths[1])
     narrow, seconds = sample_flow(NEURON_ANCHORED, n=b.n_wide * k, seed=seed)
     theta = assembled_networks(narrow, train.spec, wide.spec, b.n_wide, generator=torch.Generator().manual_seed(seed))

@@ -202,7 +202,8 @@ class NeuronField(_Anchored, nn.Module):
         heads: attention heads.
         anchored: every neuron is read beside the same neuron of an anchor network (as
             :class:`GNNField`'s ``anchored``; :meth:`WeightFlow.fit` sets the mean aligned training
-            network): equivariant in the pair, for the anchor's width only.
+            network): equivariant in the pair; :meth:`with_spec` widens the anchor by repeating its
+            neurons.
     """
 
     def __init__(self, spec: MLPSpec, hidden: int = 256, depth: int = 2, attention_layers: int = 0, heads: int = 4,
@@ -258,16 +259,29 @@ class NeuronField(_Anchored, nn.Module):
                 **self.kwargs}
 
     def with_spec(self, spec: MLPSpec) -> "NeuronField":
-        """The same trained module on networks of another hidden width (same inputs and outputs)."""
+        """The same trained module on networks of another hidden width (same inputs and outputs).
+
+        An anchored field can only widen: its anchor is widened by repeating its neurons (neuron ``j`` of the
+        new anchor is neuron ``j mod H`` of the old one), so every hidden neuron of the wider network is read
+        beside an anchor neuron the field knows, and the copies of one anchor neuron are separate draws of that
+        kind of neuron. Each of them gets outgoing weights sized for the old width, so the logits of a network
+        ``k`` times wider are about ``k`` times larger (scale its outgoing weights by the width ratio to read
+        them as an average)."""
         if not isinstance(spec, MLPSpec) or len(spec.widths) != 3 or spec.widths[0] != self.spec.widths[0] \
                 or spec.widths[-1] != self.spec.widths[-1]:
             raise ValueError(f"NeuronField.with_spec: {spec} must keep the one hidden layer, inputs and outputs "
                              f"of {self.spec}")
-        if self.anchored and spec != self.spec:
-            raise ValueError(f"NeuronField.with_spec: an anchored field reads an anchor network of {self.spec} and "
-                             f"exists for that width only")
+        h, wide = self.spec.widths[1], spec.widths[1]
+        if self.anchored and wide < h:
+            raise ValueError(f"NeuronField.with_spec: an anchored field of width {h} can widen its anchor (by "
+                             f"repeating its neurons) but not narrow it to {wide}")
         new = NeuronField(spec, **self.kwargs).to(self.linear)
-        new.load_state_dict(self.state_dict())
+        state = self.state_dict()
+        if self.anchored:
+            idx = torch.arange(wide, device=self.anchor.device) % h
+            (w1, w2), (b1, b2) = self.spec.weights(self.anchor), self.spec.biases(self.anchor)
+            state["anchor"] = spec.pack([w1[:, idx], w2[:, :, idx]], [b1[:, idx], b2])
+        new.load_state_dict(state)
         return new
 
 
