@@ -76,6 +76,13 @@ def test_train_sample_score_cached_and_replay_is_detected():
     assert fresh["nn_train"] > 0.1 * refs.nn_held
     with pytest.raises(ValueError, match="guidance"):
         flows.sample_flow("breast_cancer", cfg, 4, guidance=-1.0)
+    # the ratio's interval: replayed training networks sit near zero, held-out networks around one
+    replay = flows.nn_ratio_interval(split.train.theta[:32], refs, n_boot=200)
+    assert replay["high"] < 1e-3
+    held = flows.nn_ratio_interval(split.held.theta, refs, n_boot=200)
+    assert held["ratio"] == pytest.approx(1.0) and held["low"] < 1.0 < held["high"]
+    with pytest.raises(ValueError, match="level"):
+        flows.nn_ratio_interval(theta, refs, level=1.5)
 
 
 def test_adam_curve_is_the_zoo_optimiser_after_k_steps():

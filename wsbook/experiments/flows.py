@@ -459,6 +459,33 @@ def score(theta: Tensor, refs: References, *, bma_k: int = 64, seed: int = 0) ->
                 w2=float(distances.wasserstein2(q, held_q)), w2_floor=refs.w2_floor)
 
 
+def nn_ratio_interval(theta: Tensor, refs: References, *, level: float = 0.95, n_boot: int = 1000,
+                      seed: int = 0) -> dict:
+    """How much nearer to the training zoo generated networks are than held-out runs, with its uncertainty.
+
+    The ratio is the median nearest-neighbour distance (aligned canonical space) of ``theta`` to the
+    training zoo over the same median for *all* held-out networks. The bootstrap interval resamples the
+    generated networks and the held-out runs as whole runs: a run's checkpoints are near-copies, so the run,
+    not the checkpoint, is the independent unit. Returns ``{"ratio", "low", "high"}``.
+    """
+    if not 0 < level < 1 or n_boot < 1:
+        raise ValueError(f"nn_ratio_interval: level must be in (0, 1) and n_boot positive; got {level}, {n_boot}")
+    gen = torch.Generator().manual_seed(seed)
+    train = refs.train_points
+    d_gen = distances.nearest_neighbour_distances(refs.canonical.to_points(theta.cpu()), train)
+    d_held = distances.nearest_neighbour_distances(refs.held_points, train)
+    runs = refs.split.held.run.cpu()
+    members = [torch.nonzero(runs == r).flatten() for r in runs.unique()]
+    ratios = torch.empty(n_boot)
+    for b in range(n_boot):           # bootstrap replicates, each a handful of tensor operations
+        g = d_gen[torch.randint(len(d_gen), (len(d_gen),), generator=gen)]
+        h = d_held[torch.cat([members[i] for i in torch.randint(len(members), (len(members),), generator=gen)])]
+        ratios[b] = g.median() / h.median()
+    tail = (1 - level) / 2
+    return {"ratio": float(d_gen.median() / d_held.median()), "low": float(ratios.quantile(tail)),
+            "high": float(ratios.quantile(1 - tail))}
+
+
 def target_rows(refs: References, n: int, *, bma_k: int = 64, seed: int = 0) -> dict[str, dict]:
     """The rows every generated set is read against, scored by :func:`score` on ``n`` networks each:
     ``"target"`` (checkpoints of the training runs: what the flows learn from) and ``"other runs"`` (the
