@@ -11,7 +11,8 @@ from wsbook import cache
 from wsbook.nets import MLPSpec
 from wsbook.symmetry import permute, random_permutation
 from wsbook.weightflow import (EuclideanChart, FlatField, GeometricChart, Guidance, NeuronField,
-                               NeuronGraphField, NormalizedChart, WeightFlow, gnn_field, make_chart, reference_sample, sample_times, task_gradient)
+                               NeuronGraphField, NormalizedChart, WeightFlow, gnn_field, make_chart,
+                               reference_sample, sample_times, task_gradient)
 
 SPEC = MLPSpec((4, 5, 3, 2))
 

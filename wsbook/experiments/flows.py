@@ -14,6 +14,8 @@ uses (book chapter 8; thesis 000, sec. 7.2-7.3).
   std over networks), the model average of 64, the function-space MMD^2 to held-out runs beside the floor of
   two disjoint groups of runs, the median nearest-neighbour distance to the training zoo in the aligned,
   canonical weight space against held-out runs' (memorisation), and the weight-space W2 with its floor.
+* :func:`nn_ratio_interval`: the memorisation ratio against all held-out networks, with a bootstrap
+  interval over whole held-out runs.
 * :func:`steps_curve` and :func:`adam_curve`: sample quality against solver steps, and the optimiser after
   as many steps (thesis Fig. 7.3).
 
