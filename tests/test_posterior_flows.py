@@ -66,3 +66,33 @@ def test_gaussian_fits_match_the_draws_moments_and_keep_the_chains_apart(monkeyp
     assert torch.bincount(nearest, minlength=k).tolist() == [1000, 1000, 1000]
     assert torch.allclose(mix[nearest == 2].std(0), scale, rtol=0.1, atol=0.01)
     assert (one[:, 0].abs() < 3).float().mean() > 0.2                           # one Gaussian fills the gaps
+
+
+def test_vi_posterior_is_the_fit_behind_the_cached_vi_run():
+    from wsbook.experiments import tasks
+
+    t = tasks.get_task("breast_cancer")
+    gen = tasks._method_generator(t, "vi", 0)
+    q = tasks._fit_vi(t, gen)
+    assert torch.equal(q.sample(8, gen).samples, tasks.posterior_run("breast_cancer", "vi", 8)["theta"])
+    assert torch.equal(tasks.vi_posterior("breast_cancer").std, q.std)
+
+
+def test_elbos_of_the_flows_and_of_vi(monkeypatch):
+    """The flows' bounds are the mean log-weights of their importance samples (with their standard error);
+    VI's is the bound of its fitted Gaussian, far above that of the prior it starts from."""
+    from wsbook.bayes.vi import gaussian_entropy
+    from wsbook.experiments import tasks
+
+    log_w = {"draws": torch.tensor([-30.0, -10.0, -20.0, -40.0]), "reverse kl": torch.tensor([-5.0, -7.0])}
+    monkeypatch.setattr(pf, "importance_sampling", lambda task, n, seed, proposal: {"log_w": log_w[proposal]})
+    out = pf.elbos("breast_cancer", n=256)
+    assert out["flow (draws)"]["elbo"] == pytest.approx(-25.0)
+    assert out["flow (reverse KL)"]["se"] == pytest.approx(1.0)        # std sqrt(2) over sqrt(2 samples)
+    t = tasks.get_task("breast_cancer")
+    prior = float(t.prior_std) * torch.randn(256, t.spec.n_params, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        prior_elbo = float(t.log_posterior()(prior).mean()) + float(
+            gaussian_entropy(torch.full((t.spec.n_params,), float(t.prior_std))))
+    vi = out["mean-field VI"]
+    assert vi["se"] > 0 and vi["elbo"] > prior_elbo + 10 * vi["se"], (vi, prior_elbo)

@@ -15,7 +15,8 @@ independent run (seed 1), which it never saw:
   with the flows as extra rows, plus the distances to the held-out HMC run and a memorisation check.
 * :func:`importance_sampling`: self-normalised importance weights ``p(theta | D) / q(theta)`` of the samples of
   a Euclidean flow (trained on draws, or further on the density; its exact log-density by the change of
-  variables), their effective sample size and the reweighted predictive.
+  variables), their effective sample size and the reweighted predictive; :func:`elbos`, the flows' and
+  mean-field VI's evidence lower bounds (their reverse KLs to the posterior, up to one constant).
 * :func:`detection_sets`, :func:`detection_table`: the flow's log-likelihood of held-out posterior draws and
   of networks that are not from the posterior (another task, random initialisations, prior draws,
   perturbed draws, optimiser checkpoints), with the AUROC of the log-likelihood as a detector.
@@ -409,6 +410,35 @@ def importance_sampling(task: str = "breast_cancer", n: int | None = None, seed:
     return out
 
 
+def elbos(task: str = "breast_cancer", n: int | None = None, seed: int = 0) -> dict[str, dict[str, float]]:
+    """The evidence lower bound ``E_q[log p(theta, D) - log q(theta)] = log p(D) - KL(q || p)`` of the two
+    Euclidean flows and of mean-field VI (the table's fit, :func:`tasks.vi_posterior`), with its standard
+    error: ``{name: {"elbo", "se"}}``. All share the unknown ``log p(D)``, so a difference of ELBOs is a
+    difference of reverse KLs to the posterior, the objective that VI and :func:`posterior_flow_kl` minimise.
+    The flows' ``log q`` is the change-of-variables estimate of :func:`importance_sampling` (unbiased in the
+    probes; its samples too), VI's entropy is exact.
+
+    Args:
+        task: the task of :func:`posterior_flow`.
+        n: samples per method (default as :func:`importance_sampling`).
+        seed: seeds the samples.
+    """
+    from wsbook.bayes.vi import gaussian_entropy
+    from wsbook.experiments.tasks import get_task, vi_posterior
+
+    out = {}
+    for name, proposal in (("flow (draws)", "draws"), ("flow (reverse KL)", "reverse kl")):
+        log_w = importance_sampling(task, n, seed, proposal)["log_w"]
+        out[name] = {"elbo": float(log_w.mean()), "se": float(log_w.std() / math.sqrt(log_w.numel()))}
+    q = vi_posterior(task, seed)
+    m = config.by_scale(64, 512, 2048) if n is None else int(n)
+    with torch.no_grad():
+        log_p = get_task(task).log_posterior()(q.sample(m, torch.Generator().manual_seed(3_000 + seed)).samples)
+    log_w = log_p.double() + float(gaussian_entropy(q.std[0]))
+    out["mean-field VI"] = {"elbo": float(log_w.mean()), "se": float(log_w.std() / math.sqrt(m))}
+    return out
+
+
 def reweighted(probs: Tensor, weights: Tensor, y: Tensor, task: str = "breast_cancer") -> dict:
     """The model average of ``probs [n, N, C]`` with and without ``weights [n]``: accuracy, NLL, ECE and total
     variation to both reference runs' predictives. Returns ``{"uniform": {...}, "importance": {...}}``."""
@@ -561,5 +591,5 @@ def detection_table(task: str = "breast_cancer", charts: tuple[str, ...] = CHART
 
 __all__ = ["CHARTS", "FlowSettings", "flow_settings", "KLSettings", "kl_settings", "posterior_field", "posterior_flow",
            "posterior_flow_kl", "sample_flow", "methods_table", "alignment_spread", "prior_draws", "gaussian_fits",
-           "guided", "memorisation", "cost", "importance_sampling", "PROPOSALS", "reweighted", "detection_sets",
+           "guided", "memorisation", "cost", "importance_sampling", "PROPOSALS", "elbos", "reweighted", "detection_sets",
            "detection_table", "auroc", "OWN_SAMPLES"]

@@ -113,8 +113,26 @@ def _outputs(spec: MLPSpec, theta: Tensor, x: Tensor, chunk: int = 256) -> Tenso
         return torch.cat([spec.forward(theta[i:i + chunk].to(x.dtype), x) for i in range(0, theta.shape[0], chunk)])
 
 
+def _method_generator(t: Task, method: str, seed: int) -> torch.Generator:
+    """The random stream of one method's run on one task (one place, so a run can be repeated exactly)."""
+    return torch.Generator().manual_seed(seed * 1000 + zlib.crc32(f"{t.name}/{method}".encode()) % 1000)
+
+
+def _fit_vi(t: Task, gen: torch.Generator):
+    cfg = settings("vi")
+    return fit_vi(t.log_posterior(), n_members=1, steps=cfg["steps"], lr=cfg["lr"], batch_size=t.batch_size,
+                  n_mc=cfg["n_mc"], generator=gen)
+
+
+def vi_posterior(task: str, seed: int = 0):
+    """The mean-field Gaussian behind ``posterior_run(task, "vi", n, seed)``, fitted again with the same random
+    stream (the same fit; seconds at the book's sizes): a :class:`wsbook.bayes.vi.MeanFieldPosterior`."""
+    t = get_task(task)
+    return _fit_vi(t, _method_generator(t, "vi", seed))
+
+
 def _run(t: Task, method: str, n: int, seed: int) -> dict:
-    gen = torch.Generator().manual_seed(seed * 1000 + zlib.crc32(f"{t.name}/{method}".encode()) % 1000)
+    gen = _method_generator(t, method, seed)
     lp = t.log_posterior()
     ds = t.data()
     spec = t.spec
@@ -133,8 +151,7 @@ def _run(t: Task, method: str, n: int, seed: int) -> dict:
                                generator=gen).samples[:n]
         out["n_chains"] = runs
     elif method == "vi":
-        q = fit_vi(lp, n_members=1, steps=cfg["steps"], lr=cfg["lr"], batch_size=t.batch_size, n_mc=cfg["n_mc"],
-                   generator=gen)
+        q = _fit_vi(t, gen)
         theta = q.sample(n, gen).samples
         out["vi_mean_std"] = float(q.std.mean())
     elif method == "laplace":
