@@ -186,17 +186,57 @@ def variational_width_sweep(widths: Sequence[int], *, dataset: str = "digits", d
         ``{"widths": [K], "naive" | "aligned": [K, n_pairs]}`` barriers (test predictive NLL) and
         ``"end_loss": [K, n_pairs]``, the mean marginalized loss of the two end posteriors of each pair.
     """
+    rows = [_variational_pairs(dataset, int(w), depth, n_pairs, steps, n_samples, prior_std, 1.0, seed)
+            for w in widths]  # a loop over architectures, not over networks
+    return {"widths": torch.tensor([int(w) for w in widths]),
+            **{k: torch.stack([r[k] for r in rows]) for k in rows[0]}}
+
+
+def _variational_pairs(dataset: str, width: int, depth: int, n_pairs: int, steps: int, n_samples: int,
+                       prior_std: float, temperature: float, seed: int) -> dict[str, Tensor]:
+    """Barriers (naive, aligned) and end losses ``[n_pairs]`` of ``2 * n_pairs`` mean-field posteriors of one
+    setting (:func:`variational_width_sweep`, :func:`variational_prior_sweep`)."""
     ds = data.load(dataset)
-    rows: dict[str, list[Tensor]] = {"naive": [], "aligned": [], "end_loss": []}
-    for w in widths:  # a loop over architectures, not over networks
-        spec = MLPSpec((ds.x_train.shape[1],) + (int(w),) * depth + (ds.n_classes,))
-        q = fit_variational_zoo(spec, dataset, 2 * n_pairs, steps=steps, prior_std=prior_std, seed=seed)
-        vi = variational_barriers(spec, q["mean"], q["std"], ds.x_test, ds.y_test, n_samples=n_samples,
-                                  seed=seed)
-        rows["naive"].append(vi["naive"]["barrier"])
-        rows["aligned"].append(vi["aligned"]["barrier"])
-        rows["end_loss"].append(vi["naive"]["loss"][:, [0, -1]].mean(1))
-    return {"widths": torch.tensor([int(w) for w in widths]), **{k: torch.stack(v) for k, v in rows.items()}}
+    spec = MLPSpec((ds.x_train.shape[1],) + (width,) * depth + (ds.n_classes,))
+    q = fit_variational_zoo(spec, dataset, 2 * n_pairs, steps=steps, prior_std=prior_std, temperature=temperature,
+                            seed=seed)
+    vi = variational_barriers(spec, q["mean"], q["std"], ds.x_test, ds.y_test, n_samples=n_samples, seed=seed)
+    return {"naive": vi["naive"]["barrier"], "aligned": vi["aligned"]["barrier"],
+            "end_loss": vi["naive"]["loss"][:, [0, -1]].mean(1)}
+
+
+@cached("align/variational_prior", version=1)
+def variational_prior_sweep(prior_stds: Sequence[float], temperatures: Sequence[float], *, width: int = 32,
+                            dataset: str = "digits", depth: int = 2, n_pairs: int = 2, steps: int = 800,
+                            n_samples: int = 16, seed: int = 0) -> dict[str, dict[str, Tensor]]:
+    """Marginalized barrier between pairs of mean-field posteriors against the prior's scale (at ``T = 1``) and
+    against the posterior's temperature (at prior standard deviation 1), naive and after variational matching
+    (Rossi et al., 2023, Figs. 7 and 8), cached. Every setting fits its own ``2 * n_pairs`` posteriors of one
+    architecture (:func:`wsbook.experiments.zoos.fit_variational_zoo`), paired as in
+    :func:`variational_width_sweep`.
+
+    See chapter 5, "Barriers of variational posteriors against width" (in "Experiment 3").
+
+    Args:
+        prior_stds: standard deviations of the Gaussian weight prior to sweep.
+        temperatures: temperatures ``T`` of ``p^(1/T)`` to sweep (``T < 1``: cold posteriors).
+        width, depth: the hidden layers of the architecture.
+        dataset, n_pairs, steps, n_samples, seed: as in :func:`variational_width_sweep`.
+
+    Returns:
+        ``{"prior": {...}, "temperature": {...}}``, each with the swept ``"values" [K]`` and ``"naive"``,
+        ``"aligned"``, ``"end_loss"`` ``[K, n_pairs]``.
+    """
+    if min(prior_stds) <= 0 or min(temperatures) <= 0:
+        raise ValueError(f"prior_stds and temperatures must be positive; got {prior_stds}, {temperatures}")
+    out = {}
+    for name, values, setting in (("prior", prior_stds, lambda v: (v, 1.0)),
+                                  ("temperature", temperatures, lambda v: (1.0, v))):
+        rows = [_variational_pairs(dataset, width, depth, n_pairs, steps, n_samples, *setting(float(v)), seed)
+                for v in values]   # a loop over settings, each a batch of posteriors
+        out[name] = {"values": torch.tensor([float(v) for v in values]),
+                     **{k: torch.stack([r[k] for r in rows]) for k in rows[0]}}
+    return out
 
 
 def inr_paths(spec: MLPSpec, nets: dict[str, Tensor], *, n_grid: int = 32, n_points: int = 25) -> dict[str, dict]:

@@ -79,7 +79,8 @@ def train_cnn_zoo(spec: CNNSpec, n: int, *, steps: int, lr: float = 3e-3, batch_
 
 @cached("zoo/variational", version=1)
 def fit_variational_zoo(spec: MLPSpec, dataset: str, n: int, *, steps: int, lr: float = 1e-2,
-                        prior_std: float = 1.0, batch_size: int = 128, seed: int = 0) -> dict[str, Tensor]:
+                        prior_std: float = 1.0, batch_size: int = 128, temperature: float = 1.0,
+                        seed: int = 0) -> dict[str, Tensor]:
     """``n`` independent mean-field Gaussian posteriors (Bayes by backprop via :mod:`wsbook.bayes.vi`),
     cached: ``{"mean": [n, D], "std": [n, D]}``.
 
@@ -93,11 +94,13 @@ def fit_variational_zoo(spec: MLPSpec, dataset: str, n: int, *, steps: int, lr: 
         lr: learning rate.
         prior_std: standard deviation of the Gaussian weight prior.
         batch_size: minibatch size.
+        temperature: ``T`` of the tempered posterior ``p^(1/T)`` (``T < 1``: cold).
         seed: seeds initialisation, minibatches and reparameterisation noise.
     """
     ds = data.load(dataset)
     q = fit_mean_field(spec, ds.x_train, ds.y_train, n_members=n, steps=steps, lr=lr, prior_std=prior_std,
-                       batch_size=batch_size, generator=torch.Generator().manual_seed(seed), init_std=1e-3)
+                       batch_size=batch_size, generator=torch.Generator().manual_seed(seed), init_std=1e-3,
+                       temperature=temperature)
     return {"mean": q.mean, "std": q.std}
 
 
