@@ -23,3 +23,31 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+#: aten operators whose result the host must read (on a GPU each is a host-device synchronisation)
+HOST_READS = {"_local_scalar_dense", "nonzero", "is_nonzero", "masked_select", "unique", "_unique", "_unique2",
+              "unique_dim", "unique_consecutive", "equal", "repeat_interleave"}
+
+
+@pytest.fixture
+def host_reads():
+    """``host_reads(fn)``: how many operators that read a tensor's value on the host ``fn()`` runs
+    (``.item()``, ``bool(t)``, ``float(t)``, ``nonzero``, ...), seen at the dispatcher, so it counts them
+    on the CPU too. A training loop that reads nothing per step reads as much in 30 steps as in 5."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += func._schema.name.split("::")[-1] in HOST_READS
+            return func(*args, **(kwargs or {}))
+
+    def count(fn) -> int:
+        Count.n = 0
+        with Count():
+            fn()
+        return Count.n
+
+    return count

@@ -68,3 +68,22 @@ def test_list_reflects_the_cache_and_compute_writes_it(env, capsys, one_thread):
     assert cli.main(["zoo/breast_cancer"]) == 0                         # again: read, not recomputed
     assert "0 computed, 1 already cached" in capsys.readouterr().out
     assert len(list((env / "cache").rglob("*.pt"))) == 1
+
+
+def test_full_mnist_zoo_is_listed_and_needs_its_files(env, capsys, monkeypatch):
+    """zoo/mnist is listed; without WSBOOK_MNIST_DIR (or with a directory lacking a file) naming it is a
+    one-line error that says what is missing, and the groups leave it out (nothing is downloaded)."""
+    monkeypatch.delenv("WSBOOK_MNIST_DIR", raising=False)
+    assert cli.main(["--list"]) == 0
+    assert _row(capsys.readouterr().out, "zoo/mnist") == ["-", "-", "-"]
+    err = _one_line_error(capsys, ["zoo/mnist"], 2)
+    assert "zoo/mnist" in err and "WSBOOK_MNIST_DIR" in err
+    assert "WSBOOK_MNIST_DIR" in _one_line_error(capsys, ["*/mnist"], 2)          # a pattern matching it alone
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-labels-idx1-ubyte.gz"):
+        (env / name).write_bytes(b"")                   # all but the test images
+    monkeypatch.setenv("WSBOOK_MNIST_DIR", str(env))
+    assert "t10k-images-idx3-ubyte" in _one_line_error(capsys, ["zoo/mnist"], 2)
+    registry, skipped = cli.artifacts(), {}
+    assert cli.select(["zoos"], registry, skipped) == ["zoo/breast_cancer", "zoo/mnist5k", "zoo/mnist5k_w32"]
+    assert list(skipped) == ["zoo/mnist"] and "t10k-images-idx3-ubyte" in skipped["zoo/mnist"]
+    assert not list((env / "cache").rglob("*.pt"))

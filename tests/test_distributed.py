@@ -79,30 +79,8 @@ def test_field_autocast_is_an_option_and_off_on_the_cpu(one_thread):
     torch.testing.assert_close(losses[True], losses[False], rtol=0.05, atol=0.02)   # bfloat16: close, not equal
 
 
-#: aten operators whose result the host must read (on a GPU each is a host-device synchronisation)
-_HOST_READS = {"_local_scalar_dense", "nonzero", "is_nonzero", "masked_select", "unique", "_unique", "_unique2",
-               "unique_dim", "unique_consecutive", "equal", "repeat_interleave"}
-
-
-def _host_reads(fn) -> int:
-    """How many operators that read a tensor's value on the host ``fn()`` runs (``.item()``, ``bool(t)``,
-    ``float(t)``, ``nonzero``, ...), seen at the dispatcher, so it counts them on the CPU too."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.n += func._schema.name.split("::")[-1] in _HOST_READS
-            return func(*args, **(kwargs or {}))
-
-    with Count():
-        fn()
-    return Count.n
-
-
 @pytest.mark.parametrize("chart", ["euclidean", "geometric"])
-def test_fit_reads_no_value_on_the_host_per_step(one_thread, chart):
+def test_fit_reads_no_value_on_the_host_per_step(one_thread, host_reads, chart):
     """With the NaN check spaced out (as on a GPU), a training step reads nothing on the host: 5 and 30
     steps read the same number of values (the setup's and the final check's). A check of the path's
     times or points, an ``.item()`` or a per-step NaN check in the loop would add reads every step."""
@@ -116,8 +94,8 @@ def test_fit_reads_no_value_on_the_host_per_step(one_thread, chart):
     def reads(steps: int, **kw) -> int:
         torch.manual_seed(1)
         flow = WeightFlow(make(), gnn_field(spec, dim=4, n_layers=1), **kw)
-        return _host_reads(lambda: flow.fit(nets, steps=steps, batch_size=16, progress=False, check_every=1000,
-                                            generator=torch.Generator().manual_seed(2)))
+        return host_reads(lambda: flow.fit(nets, steps=steps, batch_size=16, progress=False, check_every=1000,
+                                           generator=torch.Generator().manual_seed(2)))
 
     assert reads(30) == reads(5)
     if chart == "euclidean":                      # the Gaussian path's noise too
@@ -125,8 +103,8 @@ def test_fit_reads_no_value_on_the_host_per_step(one_thread, chart):
     # the CPU default checks every step (and so names the first bad step before it reaches the parameters)
     torch.manual_seed(1)
     flow = WeightFlow(make(), gnn_field(spec, dim=4, n_layers=1))
-    per_step = _host_reads(lambda: flow.fit(nets, steps=30, batch_size=16, progress=False,
-                                            generator=torch.Generator().manual_seed(2))) - reads(30)
+    per_step = host_reads(lambda: flow.fit(nets, steps=30, batch_size=16, progress=False,
+                                           generator=torch.Generator().manual_seed(2))) - reads(30)
     assert per_step >= 29
 
 

@@ -190,6 +190,83 @@ def test_cfm_training_reduces_loss_and_matches_target():
     assert abs(x[:, 0].abs().mean().item() - 2.0) < 0.15 and abs(x[:, 1].std().item() - 0.3) < 0.1
 
 
+@pytest.mark.parametrize("geometry", ["euclidean", "sphere"])
+def test_train_flow_reads_no_value_on_the_host_per_step(host_reads, geometry):
+    """With the NaN check spaced out (as on a GPU), a step of the chapter-3 trainer reads nothing on the host:
+    5 and 30 steps read the same number of values (the first step's validation of points and times and the
+    final NaN check). A per-step ``.item()``, check of the path's times or points, or NaN check would add
+    reads every step. The CPU default still checks every step's loss."""
+    s = Sphere(3)
+
+    def run(steps: int, **kw):
+        torch.manual_seed(0)
+        g = torch.Generator().manual_seed(1)
+        if geometry == "sphere":
+            model, target, source, path = (flows.TimeMLP(3, hidden=8, depth=1, manifold=s),
+                                           s.random_base(64, generator=torch.Generator().manual_seed(2)), s,
+                                           flows.GeodesicPath(s))
+        else:
+            model, target, source, path = (flows.TimeMLP(2, hidden=8, depth=1), torch.randn(64, 2),
+                                           flows.standard_normal(2), flows.LinearPath(0.01))
+        return lambda: flows.train_flow(model, target, source, path=path, coupling=flows.IndependentCoupling(),
+                                        steps=steps, batch_size=16, generator=g, progress=False, **kw)
+
+    assert host_reads(run(30, check_every=1000)) == host_reads(run(5, check_every=1000))
+    per_step = host_reads(run(30)) - host_reads(run(30, check_every=1000))
+    assert per_step >= 29
+    # spacing out the check changes nothing else
+    assert torch.equal(run(30)().losses, run(30, check_every=1000)().losses)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_train_flow_does_not_synchronise_per_step_on_cuda():
+    """On a GPU, CUDA's sync debug mode reports every synchronising call: 5 and 55 steps of the chapter-3
+    trainer differ by at most the two extra NaN checks (every 25 steps)."""
+    import warnings
+
+    def syncs(steps: int) -> int:
+        torch.manual_seed(0)
+        model = flows.TimeMLP(2, hidden=16, depth=1).cuda()
+        target = torch.randn(256, 2, device="cuda") + 2
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                flows.train_flow(model, target, flows.standard_normal(2), path=flows.LinearPath(0.01),
+                                 coupling=flows.IndependentCoupling(), steps=steps, batch_size=32,
+                                 generator=torch.Generator().manual_seed(1), progress=False)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        return sum("synchroniz" in str(w.message) for w in caught)
+
+    syncs(5)                                      # warm up (lazy initialisation may synchronise once)
+    assert syncs(55) - syncs(5) <= 2
+
+
+def test_train_flow_still_stops_at_a_non_finite_loss():
+    """The first step validates its points and times; a loss that turns NaN later is caught by the loop
+    (on the CPU before the update, naming the step)."""
+    class Breaks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner, self.calls = flows.TimeMLP(2, hidden=8, depth=1), 0
+
+        def forward(self, t, x):
+            self.calls += 1
+            out = self.inner(t, x)
+            return out * float("nan") if self.calls > 3 else out
+
+    kw = dict(path=flows.LinearPath(), coupling=flows.IndependentCoupling(), steps=10, batch_size=8,
+              generator=torch.Generator().manual_seed(0), progress=False)
+    with pytest.raises(FloatingPointError, match="step 3 of 10"):
+        flows.train_flow(Breaks(), torch.randn(32, 2), flows.standard_normal(2), **kw)
+    with pytest.raises(ValueError, match="x1"):          # off the sphere: the first step's check
+        s = Sphere(3)
+        flows.train_flow(flows.TimeMLP(3, hidden=8, depth=1, manifold=s), torch.randn(32, 3), s,
+                         **{**kw, "path": flows.GeodesicPath(s)})
+
+
 def test_straightness_of_a_line_and_a_detour():
     t = torch.linspace(0, 1, 11)[:, None, None]
     line = t * torch.tensor([[1.0, 2.0]])

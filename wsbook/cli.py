@@ -11,8 +11,10 @@ Every artifact is a call of the cached functions of :mod:`wsbook.experiments` wi
 chapters use, so the chapters find the entries and only load them. Under ``torchrun`` the processes share
 the work (:mod:`wsbook.distributed`): population members and HMC chains are split over the ranks and
 gathered, flows train with DistributedDataParallel, and rank 0 writes the cache and prints the summary.
-Errors (an unknown artifact or scale, a cache directory that cannot be written) are one line on stderr
-and a non-zero exit code.
+Errors (an unknown artifact or scale, a cache directory that cannot be written, an optional artifact whose
+data is not on disk) are one line on stderr and a non-zero exit code. The optional artifacts (``zoo/mnist``:
+the full MNIST from ``WSBOOK_MNIST_DIR``; nothing is downloaded) are listed always, computed when named,
+and left out of groups and patterns, with a note, while their data is missing.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from wsbook import cache, config, distributed
+from wsbook import cache, config, data, distributed
 
 
 class CLIError(Exception):
@@ -40,11 +42,13 @@ class CLIError(Exception):
 
 @dataclass(frozen=True)
 class Artifact:
-    """One thing the chapters read: ``compute()`` calls the cached functions that produce it."""
+    """One thing the chapters read: ``compute()`` calls the cached functions that produce it. ``missing()``
+    says why its input data is not on this machine (``None``: it is; only optional artifacts can miss it)."""
 
     name: str
     help: str
     compute: Callable[[], Any]
+    missing: Callable[[], str | None] = lambda: None
 
 
 def artifacts() -> dict[str, Artifact]:
@@ -55,6 +59,10 @@ def artifacts() -> dict[str, Artifact]:
     for name in targets.ZOOS:
         out.append(Artifact(f"zoo/{name}", f"checkpoint zoo {name} (chapters 8, 8b)",
                             lambda name=name: targets.zoo(name)))
+    for name, cfg in targets.OPTIONAL_ZOOS.items():
+        out.append(Artifact(f"zoo/{name}", f"checkpoint zoo {name} on the full MNIST (optional: its IDX files in "
+                            "WSBOOK_MNIST_DIR; no chapter reads it)", lambda name=name: targets.zoo(name),
+                            missing=lambda cfg=cfg: data.missing(cfg.dataset)))
     for task in ("breast_cancer", "mnist5k"):
         for seed in (0, 1):
             out.append(Artifact(f"hmc/{task}/{seed}", f"reference HMC posterior of {task}, seed {seed} "
@@ -109,16 +117,28 @@ def groups() -> dict[str, Callable[[], list[str]]]:
     }
 
 
-def select(patterns: Sequence[str], registry: dict[str, Artifact]) -> list[str]:
-    """Artifact names matching ``patterns`` (names, group names or shell patterns), in registry order."""
+def select(patterns: Sequence[str], registry: dict[str, Artifact],
+           skipped: dict[str, str] | None = None) -> list[str]:
+    """Artifact names matching ``patterns`` (names, group names or shell patterns), in registry order.
+
+    An artifact whose data is missing (:attr:`Artifact.missing`) is left out of a group or pattern that
+    matches others too (and entered in ``skipped`` with the reason), and is a :class:`CLIError` when
+    named, or when a pattern matches nothing else.
+    """
     named = groups()
     chosen: set[str] = set()
     for pattern in patterns:
         expanded = named[pattern]() if pattern in named else [pattern]
-        hits = {n for p in expanded for n in registry if fnmatch.fnmatchcase(n, p)}
+        hits = [n for n in registry if any(fnmatch.fnmatchcase(n, p) for p in expanded)]
         if not hits:
             raise CLIError(f"unknown artifact {pattern!r}; `python -m wsbook --list` shows the artifacts and groups")
-        chosen |= hits
+        reasons = {n: registry[n].missing() for n in hits}
+        present = {n for n in hits if reasons[n] is None}
+        if not present:
+            raise CLIError(f"{hits[0]} cannot be computed here: {reasons[hits[0]]}")
+        if skipped is not None:
+            skipped.update({n: r for n, r in reasons.items() if r is not None})
+        chosen |= present
     return [n for n in registry if n in chosen]
 
 
@@ -252,9 +272,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.list:
             list_artifacts(registry)
             return 0
-        names = select(args.artifacts, registry)
+        skipped: dict[str, str] = {}
+        names = select(args.artifacts, registry, skipped)
         check_cache_dir()
         distributed.init()
+        if distributed.is_main():
+            for name, reason in skipped.items():
+                print(f"python -m wsbook: note: skipping {name} ({reason})", file=sys.stderr)
         if not distributed.is_main():
             os.environ["WSBOOK_PROGRESS"] = "0"        # one progress bar: rank 0's
         config.tune_allocator()

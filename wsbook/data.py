@@ -1,5 +1,5 @@
 """Datasets that ship with Python packages (nothing is downloaded), as standardized tensors; and the full
-MNIST from IDX files the user already has (:func:`mnist`).
+MNIST from IDX files the user already has (:func:`mnist`, or ``load("mnist")`` with ``WSBOOK_MNIST_DIR``).
 
 Every dataset comes as deterministic train / validation / test splits on the configured device.
 Inputs are standardized with training statistics (per feature for tables, one global scale for
@@ -20,6 +20,8 @@ from torch import Tensor
 from wsbook import config
 
 DATASETS = ("moons", "breast_cancer", "digits", "wine", "diabetes", "mnist5k", "gap1d")
+#: datasets :func:`load` reads from the user's disk when they are there (:func:`missing` says why not)
+OPTIONAL_DATASETS = ("mnist",)
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,13 @@ def _load_cached(name: str, device: str) -> Dataset:
         if n_classes is None:
             y = y[:, None]
         splits = _split(x.astype(np.float64), y, seed=0)
+    return _standardized(name, splits, is_image, n_classes, device)
+
+
+def _standardized(name: str, splits: dict[str, tuple[np.ndarray, np.ndarray]], is_image: bool,
+                  n_classes: int | None, device: str) -> Dataset:
+    """The :class:`Dataset` of raw ``splits``: inputs standardized with the training split's statistics (one
+    global scale for images, per feature otherwise), regression targets too."""
     x_train = splits["train"][0]
     if is_image:  # one global scale keeps rarely-lit pixels from exploding
         mean, std = x_train.mean(), x_train.std()
@@ -132,10 +141,28 @@ def _load_cached(name: str, device: str) -> Dataset:
 
 
 def load(name: str, device: torch.device | str | None = None) -> Dataset:
-    """Load a bundled dataset by name (one of :data:`DATASETS`) as standardized splits on ``device``."""
-    if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; available: {', '.join(DATASETS)}")
-    return _load_cached(name, str(device or config.device()))
+    """Load a dataset by name as standardized splits on ``device``: a bundled one (:data:`DATASETS`), or one of
+    :data:`OPTIONAL_DATASETS` from the user's disk. ``"mnist"`` is the full MNIST of :func:`mnist` from
+    ``WSBOOK_MNIST_DIR`` with a seeded split (seed 0) of its 60,000 training images into 50,000 for training
+    and 10,000 for validation, and its 10,000 test images as the test split; without the files it raises
+    (:func:`missing` gives the reason), and nothing is downloaded."""
+    if name not in DATASETS + OPTIONAL_DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; available: {', '.join(DATASETS + OPTIONAL_DATASETS)}")
+    device = str(device or config.device())
+    if name == "mnist":
+        return _mnist_cached(str(_mnist_root(None).resolve()), device)
+    return _load_cached(name, device)
+
+
+def missing(name: str) -> str | None:
+    """Why :func:`load` cannot read dataset ``name`` here (``None`` when it can): only the datasets of
+    :data:`OPTIONAL_DATASETS` can be missing (the full MNIST without its IDX files)."""
+    if name == "mnist":
+        try:
+            mnist_files()
+        except (ValueError, FileNotFoundError) as err:
+            return str(err)
+    return None
 
 
 # ------------------------------------------------------------------------------------- full MNIST (IDX)
@@ -163,7 +190,35 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     return body.reshape(shape)
 
 
-def mnist(directory: str | os.PathLike | None = None, n_val: int = 10_000,
+def _mnist_root(directory: str | os.PathLike | None) -> Path:
+    """The directory of the IDX files: ``directory``, else ``WSBOOK_MNIST_DIR`` (a ``ValueError`` when neither)."""
+    directory = directory or os.environ.get("WSBOOK_MNIST_DIR")
+    if not directory:
+        raise ValueError("the full MNIST is read from its IDX files on disk: set WSBOOK_MNIST_DIR to their "
+                         "directory (nothing is downloaded)")
+    return Path(directory).expanduser()
+
+
+def mnist_files(directory: str | os.PathLike | None = None) -> dict[str, tuple[Path, Path]]:
+    """The paths of the full MNIST's images and labels per split (``"train"``, ``"test"``), each file plain or
+    ``.gz``, in ``directory`` (default: ``WSBOOK_MNIST_DIR``).
+
+    Raises:
+        ValueError: no directory given and ``WSBOOK_MNIST_DIR`` unset.
+        FileNotFoundError: a file is missing (named in the message).
+    """
+    root = _mnist_root(directory)
+
+    def find(name: str) -> Path:
+        for candidate in (root / name, root / f"{name}.gz"):
+            if candidate.exists():
+                return candidate
+        raise FileNotFoundError(f"mnist: {name}[.gz] not found in {root} (the directory given, or WSBOOK_MNIST_DIR)")
+
+    return {split: (find(images), find(labels)) for split, (images, labels) in MNIST_FILES.items()}
+
+
+def mnist(directory: str | os.PathLike | None = None, n_val: int | None = None, seed: int | None = None,
           device: torch.device | str | None = None) -> Dataset:
     """The full MNIST (60,000 + 10,000 images) from the standard IDX files in a local directory, as
     standardized splits like :func:`load` (flattened 784-pixel images, one global scale). Nothing is
@@ -172,35 +227,27 @@ def mnist(directory: str | os.PathLike | None = None, n_val: int = 10_000,
 
     Args:
         directory: where the files are (default: the ``WSBOOK_MNIST_DIR`` environment variable).
-        n_val: the last ``n_val`` training images form the validation split.
+        n_val: training images held out as the validation split (default: one sixth, 10,000 of 60,000).
+        seed: ``None``: the last ``n_val`` training images are the validation split; an int: a random
+            ``n_val`` of them, drawn with this seed (``load("mnist")`` uses seed 0).
         device: where the tensors live (default: :func:`wsbook.config.device`).
     """
-    directory = directory or os.environ.get("WSBOOK_MNIST_DIR")
-    if not directory:
-        raise ValueError("mnist: give the directory of the IDX files, or set WSBOOK_MNIST_DIR (nothing is downloaded)")
-    root = Path(directory).expanduser()
-
-    def find(name: str) -> Path:
-        for candidate in (root / name, root / f"{name}.gz"):
-            if candidate.exists():
-                return candidate
-        raise FileNotFoundError(f"mnist: {name}[.gz] not found in {root}")
-
     arrays = {}
-    for split, (images, labels) in MNIST_FILES.items():
-        x, y = read_idx(find(images)), read_idx(find(labels))
+    for split, (images, labels) in mnist_files(directory).items():
+        x, y = read_idx(images), read_idx(labels)
         if x.ndim != 3 or y.ndim != 1 or len(x) != len(y):
             raise ValueError(f"mnist: {split} images {x.shape} and labels {y.shape} do not match")
         arrays[split] = (x.reshape(len(x), -1).astype(np.float64), y.astype(np.int64))
     x_all, y_all = arrays["train"]
+    n_val = len(x_all) // 6 if n_val is None else n_val
     if not 0 < n_val < len(x_all):
         raise ValueError(f"mnist: n_val must be in [1, {len(x_all) - 1}]; got {n_val}")
-    splits = {"train": (x_all[:-n_val], y_all[:-n_val]), "val": (x_all[-n_val:], y_all[-n_val:]),
-              "test": arrays["test"]}
-    mean, std = splits["train"][0].mean(), splits["train"][0].std()
-    device = str(device or config.device())
-    tensors = {}
-    for split, (xs, ys) in splits.items():
-        tensors[f"x_{split}"] = torch.as_tensor((xs - mean) / std, dtype=config.dtype(), device=device)
-        tensors[f"y_{split}"] = torch.as_tensor(ys, dtype=torch.long, device=device)
-    return Dataset(name="mnist", n_classes=10, **tensors)
+    order = np.arange(len(x_all)) if seed is None else np.random.default_rng(seed).permutation(len(x_all))
+    train, val = order[:-n_val], order[-n_val:]
+    splits = {"train": (x_all[train], y_all[train]), "val": (x_all[val], y_all[val]), "test": arrays["test"]}
+    return _standardized("mnist", splits, True, 10, str(device or config.device()))
+
+
+@functools.lru_cache(maxsize=None)
+def _mnist_cached(root: str, device: str) -> Dataset:
+    return mnist(root, seed=0, device=device)

@@ -3,8 +3,9 @@ and the metrics every generated set of networks is scored with.
 
 * :func:`zoo`: independent optimiser runs trained as one population, one checkpoint every few iterations
   after a discarded burn-in (thesis 000, sec. 7.2-7.3): breast cancer 30-16-16-2 (Adam), MNIST 784-10-10
-  (SGD with momentum) and MNIST 784-32-10 (the same, for width transfer). :func:`split_runs` holds out
-  whole runs, since the checkpoints of one run are near-copies of each other.
+  (SGD with momentum) and MNIST 784-32-10 (the same, for width transfer), all on the bundled data; and,
+  optionally (:data:`OPTIONAL_ZOOS`), the 784-10-10 zoo on the full MNIST when its files are on disk.
+  :func:`split_runs` holds out whole runs, since the checkpoints of one run are near-copies of each other.
 * :func:`hmc_reference`: HMC on the task's posterior (prior ``N(0, 1)``) with a trajectory length set from
   the prior scale, ``pi/2 * prior_std`` (Izmailov et al., 2021), capped by a per-scale leapfrog budget;
   function-space split-R-hat and ESS of the test predictive. Two seeds give the noise floor.
@@ -76,11 +77,32 @@ ZOOS: dict[str, ZooConfig] = {
 }
 
 
+#: zoos over data the user may have on disk (:func:`wsbook.data.missing` says whether it is there); no chapter
+#: reads them. ``"mnist"``: the ``mnist5k`` recipe on the full MNIST (``WSBOOK_MNIST_DIR``: 50,000 training
+#: images, 781 iterations an epoch, so 1,562 kept checkpoints per run, 50 MB of float32 weights; training
+#: holds all 1,953 checkpoints of every run at once, 3.1 GB for the 50 runs of ``full``)
+OPTIONAL_ZOOS: dict[str, ZooConfig] = {"mnist": replace(ZOOS["mnist5k"], dataset="mnist")}
+
+
+def zoo_config(name: str) -> ZooConfig:
+    """The recipe zoo ``name`` trains with at the current scale: its entry of :data:`ZOOS` or
+    :data:`OPTIONAL_ZOOS`, except that at ``ci`` the full-MNIST zoo trains 2 epochs and discards 1."""
+    if name in ZOOS:
+        return ZOOS[name]
+    if name not in OPTIONAL_ZOOS:
+        raise ValueError(f"unknown zoo {name!r}; available: {', '.join([*ZOOS, *OPTIONAL_ZOOS])}")
+    cfg = OPTIONAL_ZOOS[name]
+    epochs, discard = config.by_scale(ci=(2, 1), default=(cfg.epochs, cfg.discard_epochs),
+                                      full=(cfg.epochs, cfg.discard_epochs))
+    return replace(cfg, epochs=epochs, discard_epochs=discard)
+
+
 def zoo_runs(name: str) -> int:
     """The number of runs of zoo ``name`` at the current scale."""
     return {"breast_cancer": config.by_scale(ci=8, default=100, full=100),
             "mnist5k": config.by_scale(ci=4, default=20, full=50),
-            "mnist5k_w32": config.by_scale(ci=3, default=8, full=50)}[name]
+            "mnist5k_w32": config.by_scale(ci=3, default=8, full=50),
+            "mnist": config.by_scale(ci=2, default=20, full=50)}[name]
 
 
 @dataclass
@@ -88,7 +110,7 @@ class Zoo:
     """Checkpoints of independent optimiser runs: ``theta [n, D]`` with the run and iteration of every row.
 
     Attributes:
-        name: the zoo's name (a key of :data:`ZOOS`).
+        name: the zoo's name (a key of :data:`ZOOS` or :data:`OPTIONAL_ZOOS`).
         spec: the architecture.
         theta: the checkpoints ``[n, D]``, run-major (all checkpoints of run 0, then run 1, ...).
         run: the run of every checkpoint ``[n]``.
@@ -156,19 +178,18 @@ def _train_zoo(cfg: ZooConfig, n_runs: int, seed: int) -> dict:
 
 
 def zoo(name: str, n_runs: int | None = None, seed: int = 0) -> Zoo:
-    """The checkpoint zoo ``name`` (one of :data:`ZOOS`), cached.
+    """The checkpoint zoo ``name`` (one of :data:`ZOOS` or :data:`OPTIONAL_ZOOS`), cached.
 
     Args:
-        name: ``"breast_cancer"``, ``"mnist5k"`` (784-10-10) or ``"mnist5k_w32"`` (784-32-10).
+        name: ``"breast_cancer"``, ``"mnist5k"`` (784-10-10), ``"mnist5k_w32"`` (784-32-10), or ``"mnist"``
+            (784-10-10 on the full MNIST; needs its IDX files in ``WSBOOK_MNIST_DIR``).
         n_runs: independent runs (default: :func:`zoo_runs` at the current scale).
         seed: seeds the initialisations and every run's minibatch order.
     """
-    if name not in ZOOS:
-        raise ValueError(f"unknown zoo {name!r}; available: {', '.join(ZOOS)}")
+    cfg = zoo_config(name)
     n_runs = zoo_runs(name) if n_runs is None else int(n_runs)
     if n_runs < 1:
         raise ValueError(f"n_runs must be positive; got {n_runs}")
-    cfg = ZOOS[name]
     out = _train_zoo(cfg, n_runs, seed)
     dev = out["theta"].device
     return Zoo(name, cfg.spec, out["theta"], out["run"].to(dev), out["step"].to(dev), cfg, float(out["seconds"]))

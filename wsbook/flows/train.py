@@ -12,7 +12,7 @@ from typing import Callable, Union
 import torch
 from torch import nn
 
-from wsbook.loop import EMA, descend, make_optimizer
+from wsbook.loop import EMA, descend, make_optimizer, to_device
 from wsbook.manifolds import Manifold
 
 Tensor = torch.Tensor
@@ -20,22 +20,28 @@ Sampler = Union[Tensor, Manifold, Callable[[int, torch.Generator], Tensor]]
 
 
 def cfm_loss(field: Callable[[Tensor, Tensor], Tensor], x0: Tensor, x1: Tensor, t: Tensor, path,
-             generator: torch.Generator | None = None) -> Tensor:
-    """Mean squared regression error of v(t, x_t) onto the conditional field u_t(x_t | x0, x1)."""
-    xt, ut = path.sample(x0, x1, t, generator=generator)
+             generator: torch.Generator | None = None, check: bool = True) -> Tensor:
+    """Mean squared regression error of v(t, x_t) onto the conditional field u_t(x_t | x0, x1).
+
+    ``check=False`` skips the validation of the points and times and the NaN / inf check of the loss (each
+    reads values on the host: on a GPU, a host-device synchronisation); :func:`train_flow` checks its first
+    step only and leaves the loss's NaN check to :func:`wsbook.loop.descend`.
+    """
+    xt, ut = path.sample(x0, x1, t, generator=generator, check=check)
     loss = ((field(t, xt) - ut) ** 2).sum(-1).mean()
-    if not torch.isfinite(loss):
+    if check and not torch.isfinite(loss):
         raise FloatingPointError(f"cfm_loss: the loss is {loss.item()} (NaN or inf); check inputs and learning rate")
     return loss
 
 
 def _draw(source: Sampler, n: int, generator: torch.Generator, device: torch.device) -> Tensor:
+    """``n`` points of ``source`` on ``device`` (a copy from the CPU does not make the host wait)."""
     if isinstance(source, Tensor):
         idx = torch.randint(0, source.shape[0], (n,), generator=generator)
-        return source[idx.to(source.device)].to(device)
+        return to_device(source[to_device(idx, source.device)], device)
     if isinstance(source, Manifold):
-        return source.random_base(n, generator=generator).to(device)
-    return source(n, generator).to(device)
+        return to_device(source.random_base(n, generator=generator), device)
+    return to_device(source(n, generator), device)
 
 
 @dataclass
@@ -49,7 +55,8 @@ class FlowTrainResult:
 
 def train_flow(model: nn.Module, target: Sampler, source: Sampler, *, path, coupling, steps: int,
                batch_size: int = 256, lr: float = 1e-3, ema_decay: float = 0.99, weight_decay: float = 0.0,
-               generator: torch.Generator | None = None, progress: bool | None = None) -> FlowTrainResult:
+               generator: torch.Generator | None = None, progress: bool | None = None,
+               check_every: int | None = None) -> FlowTrainResult:
     """Train ``model`` = v_theta(t, x) with CFM (see chapter 3, "Training, couplings and conditional paths").
 
     Every step draws x0 from ``source`` and x1 from ``target``, pairs them with ``coupling``, draws
@@ -65,6 +72,13 @@ def train_flow(model: nn.Module, target: Sampler, source: Sampler, *, path, coup
         ema_decay: decay of the exponential moving average of the weights.
         generator: random stream of data, pairs and times (``None``: torch's global generator).
         progress: show a progress bar.
+        check_every: steps between the loss's NaN / inf checks (:func:`wsbook.loop.descend`; default 1 on the
+            CPU, 25 on accelerators).
+
+    On a GPU a step does not make the host wait for the device (no ``.item()``, no check of a value on the
+    host, no blocking copy: samples and times drawn on the CPU go through pinned memory), except for the
+    NaN check every ``check_every`` steps, the validation of the first step's points and times, and what
+    the pairing itself needs (``OTCoupling`` solves an assignment on the CPU every step).
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"train_flow: batch_size must be a positive int, got {batch_size!r}")
@@ -74,9 +88,9 @@ def train_flow(model: nn.Module, target: Sampler, source: Sampler, *, path, coup
 
     def step_fn(step: int) -> Tensor:
         x0, x1 = coupling(_draw(source, batch_size, generator, device), _draw(target, batch_size, generator, device))
-        t = torch.rand(batch_size, generator=generator).to(device)
-        return cfm_loss(model, x0, x1, t, path, generator=generator)
+        t = to_device(torch.rand(batch_size, generator=generator), device)
+        return cfm_loss(model, x0, x1, t, path, generator=generator, check=step == 0)
 
     run = descend(step_fn, opt, steps, schedule="cosine", min_lr=lr * 0.05, ema=ema, progress=progress,
-                  desc="flow matching")
+                  desc="flow matching", check_every=check_every)
     return FlowTrainResult(model=model, ema=ema.module, losses=run.losses.cpu())
