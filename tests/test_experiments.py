@@ -226,6 +226,41 @@ def test_variational_width_sweep_reuses_the_fits():
     assert alignment.variational_width_sweep.cache_name == "align/variational_width"
 
 
+def test_variational_prior_sweep_settings_and_errors():
+    from wsbook.experiments import alignment
+
+    sweep = alignment.variational_prior_sweep([0.5, 1.0], [0.5, 1.0], width=4, n_pairs=1, steps=5, n_samples=2)
+    for part in ("prior", "temperature"):
+        assert sweep[part]["values"].tolist() == [0.5, 1.0]
+        assert all(sweep[part][k].shape == (2, 1) for k in ("naive", "aligned", "end_loss"))
+    # prior 1 at T = 1 is one setting: the same fit and the same barriers in both sweeps
+    torch.testing.assert_close(sweep["prior"]["aligned"][1], sweep["temperature"]["aligned"][1])
+    assert not torch.equal(sweep["prior"]["end_loss"][0], sweep["temperature"]["end_loss"][0])
+    with pytest.raises(ValueError, match="positive"):
+        alignment.variational_prior_sweep([0.0], [1.0], width=4, n_pairs=1, steps=5)
+
+
+def test_hyper_matching_shortens_the_segment_and_orbit_distances_see_relabellings():
+    from wsbook.experiments import alignment
+    from wsbook.experiments.alignment import _segment_loss
+    from wsbook.symmetry import flip_signs, permute, random_permutation, random_signs
+
+    spec = MLPSpec((2, 8, 8, 1), activation="sine", frequency=3.0)
+    gen = torch.Generator().manual_seed(0)
+    a, b = spec.init(2, "siren", generator=gen, device="cpu"), spec.init(2, "siren", generator=gen, device="cpu")
+    hm = alignment.hyper_matching(spec, a, b, n_grid=8, steps=40)
+    assert hm["hyper"].shape == hm["direct"].shape == a.shape and hm["hyper_seconds"] > 0
+    x, y = zoos.shape_sdf(8)
+    before, after = (_segment_loss(spec, a, t, x, y, torch.Generator().manual_seed(1)) for t in (b, hm["direct"]))
+    assert (after < before).all(), (before, after)
+    # a relabelled b (permuted and sign-flipped neurons) sits on b's orbit
+    moved = flip_signs(spec, permute(spec, b, random_permutation(spec, 2, generator=gen)),
+                       random_signs(spec, 2, generator=gen))
+    d = alignment.orbit_distances(spec, a, b, moved)
+    assert d["to_b_orbit"].max() < 1e-4 and (d["a_to_b_orbit"] > 0.1).all()
+    torch.testing.assert_close(d["to_a"], (moved - a).norm(dim=1))
+
+
 def test_merge_canonical_forms_paths_and_orbit_pairs():
     from wsbook.experiments.alignment import merge_canonical_forms
     from wsbook.graphs.inr import INRAutoencoder, orbit_partner, pixel_grid, render

@@ -263,6 +263,87 @@ def inr_paths(spec: MLPSpec, nets: dict[str, Tensor], *, n_grid: int = 32, n_poi
     return {k: connectivity(spec, a, v, x, y, n_points=n_points, task="regression") for k, v in cands.items()}
 
 
+def _segment_loss(spec: MLPSpec, theta_a: Tensor, theta_b: Tensor, x: Tensor, y: Tensor,
+                  gen: torch.Generator) -> Tensor:
+    """HYPER-MATCHING's training loss: the mean squared error at one point drawn from each quarter of the
+    segment ``[0, 1)`` from ``theta_a`` to ``theta_b`` and at ``theta_b``, averaged (``[B]`` pairs at once)."""
+    lam = (torch.arange(4.0) + torch.rand(theta_a.shape[0], 4, generator=gen)) / 4
+    lam = torch.cat([lam, torch.ones(theta_a.shape[0], 1)], 1).to(theta_a)          # [B, 5]
+    points = theta_a[:, None] + lam[..., None] * (theta_b - theta_a)[:, None]        # [B, 5, D]
+    out = spec.forward(points.reshape(-1, spec.n_params), x).reshape(*lam.shape, -1)
+    return (out - y[:, 0]).pow(2).mean((1, 2))
+
+
+@cached("align/hyper_matching", version=1)
+def hyper_matching(spec: MLPSpec, theta_a: Tensor, theta_b: Tensor, *, n_grid: int = 32, steps: int = 500,
+                   lr: float = 1e-3, seed: int = 0) -> dict[str, Tensor | float]:
+    """HYPER-MATCHING (Ballerini, 2023, sec. 3.3) for pairs of SIRENs of :func:`shape_sdf`: an encoder of
+    ``theta_b`` (:class:`wsbook.graphs.inr.INREncoder`) and a hypernetwork decoder output ``theta_b_hat``,
+    trained end to end so that the segment from ``theta_a`` to ``theta_b_hat`` fits the shape (the loss of
+    :func:`_segment_loss`); one model per pair, as the paper trains it. Beside it, the same objective
+    optimised directly over ``theta_b_hat`` from ``theta_b`` (for one pair the encoder's input never changes,
+    so the hypernetwork is a reparametrisation of this vector), all pairs at once. Cached.
+
+    See chapter 5, "Experiment 4: implicit neural representations".
+
+    Args:
+        spec: the SIREN architecture of the pairs.
+        theta_a, theta_b: the pairs ``[B, D]`` (e.g. ``a`` and ``diff`` of
+            :func:`wsbook.experiments.zoos.fit_inr_pairs`).
+        n_grid: side of the shape's sampling grid (as in the fit).
+        steps: Adam steps of each model and of the direct optimisation.
+        lr: learning rate (the direct optimisation uses ``lr / 10``: it moves the weights themselves).
+        seed: seeds the models and the points on the segment.
+
+    Returns:
+        ``{"hyper": [B, D], "direct": [B, D], "hyper_seconds", "direct_seconds"}``.
+    """
+    from wsbook.graphs.inr import INRAutoencoder
+
+    x, y = shape_sdf(n_grid)
+    gen = torch.Generator().manual_seed(seed)
+    start = time.perf_counter()
+    hyper = []
+    for i in range(theta_a.shape[0]):     # one encoder-decoder per pair, as the paper trains it
+        a, b = theta_a[i:i + 1], theta_b[i:i + 1]
+        with config.seeded(seed + i):
+            model = INRAutoencoder(spec)
+        with torch.no_grad():             # decoder outputs start at the network's per-parameter scale
+            model.theta_scale.copy_(b[0].abs().clamp_min(1e-3))
+        model.encoder.gnn.set_normalization(torch.cat([a, b]))     # one scale per layer role, from the pair
+        model.encoder.norm = torch.nn.Identity()       # one network: nothing to standardise the latent over
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        for _ in range(steps):
+            opt.zero_grad()
+            _segment_loss(spec, a, model(b), x, y, gen).sum().backward()
+            opt.step()
+        with torch.no_grad():
+            hyper.append(model(b))
+    hyper_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    direct = theta_b.clone().requires_grad_(True)
+    opt = torch.optim.Adam([direct], lr=lr / 10)
+    for _ in range(steps):               # pairs are independent: the summed loss trains each on its own
+        opt.zero_grad()
+        _segment_loss(spec, theta_a, direct, x, y, gen).sum().backward()
+        opt.step()
+    return {"hyper": torch.cat(hyper), "direct": direct.detach(), "hyper_seconds": hyper_seconds,
+            "direct_seconds": time.perf_counter() - start}
+
+
+def orbit_distances(spec: MLPSpec, theta_a: Tensor, theta_b: Tensor, theta_new: Tensor) -> dict[str, Tensor]:
+    """Where a new partner ``theta_new`` of ``theta_a`` lies (``[B]`` each, Euclidean norms of the weights):
+    ``"to_a"``, its distance to ``theta_a``; ``"to_b_orbit"``, its distance to the nearest relabelling of
+    ``theta_b`` that sign-aware weight matching finds; ``"a_to_b_orbit"``, the same for ``theta_a`` itself. A
+    partner that is ``theta_b`` relabelled has ``to_b_orbit`` near zero; one far from ``theta_b``'s orbit is
+    another network. See chapter 5, "Experiment 4" (hyper-matching)."""
+    gen = config.generator()
+    near_new = sign_aware_weight_matching(spec, theta_new, theta_b, generator=gen).aligned
+    near_a = sign_aware_weight_matching(spec, theta_a, theta_b, generator=gen).aligned
+    return {"to_a": (theta_new - theta_a).norm(dim=1), "to_b_orbit": (theta_new - near_new).norm(dim=1),
+            "a_to_b_orbit": (theta_a - near_a).norm(dim=1)}
+
+
 def canonical_distances(spec: MLPSpec, zoo: Tensor, x: Tensor) -> dict[str, Tensor]:
     """Geodesic distances on the product of spheres from member 0 to the others, after normalization only
     (scaling broken) and after full canonicalization against member 0 (permutations broken too), with the
