@@ -78,9 +78,10 @@ def test_published_tables_are_consistent_and_cite_the_bibliography():
 def test_published_numbers_are_typed_only_in_the_table():
     # the numbers of the tables chapters 5 and 6 show, as they would be typed (at least three digits)
     numbers = {f"{v}" for key in ("navon2024/mlp_alignment", "navon2024/cnn_alignment",
-                                  "navon2024/cnn_runtime", "boufalis2025/inr_reconstruction")
+                                  "navon2024/cnn_runtime", "navon2024/ood_alignment",
+                                  "navon2024/objectives", "boufalis2025/inr_reconstruction")
                for row in published.table(key).rows.values() for v in row if len(f"{v}") >= 5}
-    assert {"2.007", "0.047", "0.0096", "0.0135", "1.124", "79.81"} <= numbers
+    assert {"2.007", "0.047", "0.0096", "0.0135", "1.124", "79.81", "0.769", "0.061"} <= numbers
     sources = [p for p in (ROOT / "wsbook").rglob("*.py") if p.name != "published.py"]
     sources += sorted((ROOT / "chapters").glob("*.md"))
     found = [(p.name, n) for p in sources for n in numbers
@@ -300,3 +301,69 @@ def test_sampling_cost_reads_the_posterior_sample_lines_of_the_benchmark_results
     assert cost.loc[("mnist5k", "gnn"), "ratio"] == pytest.approx(80.0)
     monkeypatch.setattr(performance, "RESULTS", tmp_path / "absent.csv")
     assert summary.sampling_cost().empty
+
+
+def test_shifted_digits_keep_the_inputs_and_classes_of_the_pooled_digits():
+    from wsbook import data as wdata
+    from wsbook.experiments import alignment
+
+    digits = wdata.load("digits")
+    pooled = zoos.pooled_digits(digits.x_train, 2)
+    rotated = alignment.shifted_digits("rotated", pool=2)
+    assert rotated["x_train"].shape == pooled.shape and torch.equal(rotated["y_train"], digits.y_train)
+    assert rotated["x_test"].shape == (len(digits.x_test), 16)
+    # turned by at most 45 degrees: close to the upright image, never identical to it
+    change = (rotated["x_train"] - pooled).norm(dim=1) / pooled.norm(dim=1)
+    assert (change > 1e-3).float().mean() > 0.9 and change.median() < 0.8
+    torch.testing.assert_close(alignment.shifted_digits("rotated", pool=2)["x_test"], rotated["x_test"])
+    mnist = alignment.shifted_digits("mnist", pool=4)
+    assert mnist["x_train"].shape[1] == 4 and set(mnist["y_test"].tolist()) == set(range(10))
+    with pytest.raises(ValueError, match="shift"):
+        alignment.shifted_digits("inverted")
+    zoo = alignment.shifted_digits_zoo("rotated", 2, hidden=8, steps=60, lr=3e-2)
+    assert zoo["theta"].shape == (2, MLPSpec((16, 8, 8, 10)).n_params)
+    assert (zoo["test_accuracy"] > 0.3).all()   # learned something (chance: 0.1)
+    assert alignment.shifted_digits_zoo.cache_name == "align/shifted_zoo"
+
+
+def test_aligner_objectives_train_one_aligner_per_objective():
+    from wsbook.experiments import alignment
+
+    spec = MLPSpec((4, 6, 5, 3))
+    gen = torch.Generator().manual_seed(0)
+    nets = 0.5 * torch.randn(10, spec.n_params, generator=gen)
+    x, y = torch.randn(32, 4, generator=gen), torch.randint(0, 3, (32,), generator=gen)
+    kw = dict(dim=8, n_layers=1, steps=3, batch_size=3)
+    res = alignment.aligner_objectives(spec, nets[:6], nets[6:8], nets[8:], x, y, x, y,
+                                       objectives=("supervised", "interpolation", "both"), **kw)
+    assert set(res) == {"supervised", "interpolation", "both"}
+    for name, r in res.items():
+        assert math.isfinite(r["barrier"]) and 0 <= r["recovery"] <= 1, name
+    assert math.isnan(res["supervised"]["final_interpolation"]) and math.isnan(res["interpolation"]["final_supervised"])
+    assert math.isfinite(res["both"]["final_supervised"]) and math.isfinite(res["both"]["final_interpolation"])
+    with pytest.raises(ValueError, match="objectives"):
+        alignment.aligner_objectives(spec, nets[:6], nets[6:8], nets[8:], x, y, x, y, objectives=("alignment",))
+    assert alignment.aligner_objectives.cache_name == "align/objectives"
+
+
+def test_compare_learned_alignment_runs_the_methods_asked_for():
+    from wsbook import symmetry as S
+    from wsbook.experiments import alignment
+    from wsbook.graphs.align import LearnedAligner
+
+    spec = MLPSpec((4, 6, 5, 3))
+    gen = torch.Generator().manual_seed(0)
+    a = 0.5 * torch.randn(3, spec.n_params, generator=gen)
+    b = S.permute(spec, a, S.random_permutation(spec, 3, gen))     # same functions, permuted neurons
+    x, y = torch.randn(64, 4, generator=gen), torch.randint(0, 3, (64,), generator=gen)
+    torch.manual_seed(0)
+    aligner = LearnedAligner(spec, dim=8, n_layers=1, layer="relational_transformer")
+    methods = ("learned", "naive", "activation_matching", "learned_wm")
+    res = alignment.compare_learned_alignment(aligner, a, b, x, y, x, y, methods=methods)
+    assert tuple(res) == methods
+    for m in ("learned", "activation_matching", "learned_wm"):   # an exact copy is found again
+        assert abs(res[m]["barrier"]) < 1e-5 and res[m]["curve"].shape == (25,), m
+    naive = res["naive"]["curve"]
+    assert (naive[12] - naive[0]).abs() > 1e-3    # the unaligned path does change the loss
+    with pytest.raises(ValueError, match="unknown methods"):
+        alignment.compare_learned_alignment(aligner, a, b, x, y, x, y, methods=("canonical",))

@@ -376,3 +376,27 @@ def test_fit_aligner_noise_range_and_interpolation_points():
     assert len(fig.data) == 2 and len(fig.data[0].x) == 3
     with pytest.raises(ValueError, match="history"):
         aligner_learning_curves(runs["uniform"][:, :1])
+
+
+def test_fit_aligner_trains_on_either_objective_alone():
+    from wsbook.graphs.align import LearnedAligner, fit_aligner
+
+    spec = MLPSpec((4, 6, 5, 3))
+    zoo = _population(spec, 6, 0)
+    x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+    runs = {}
+    for name, (sup, lmc) in {"both": (1.0, 1.0), "supervised": (1.0, 0.0), "interpolation": (0.0, 1.0)}.items():
+        torch.manual_seed(0)
+        aligner = LearnedAligner(spec, dim=8, n_layers=1, layer="relational_transformer")
+        runs[name] = fit_aligner(aligner, zoo, x, y, steps=3, batch_size=3, noise=(0.0, 0.5),
+                                 supervised_weight=sup, lmc_weight=lmc)
+    # a loss left out is not computed; the other sees the same first pair, copy and batch as with both
+    assert runs["supervised"][:, 1].isnan().all() and runs["interpolation"][:, 0].isnan().all()
+    torch.testing.assert_close(runs["supervised"][0, 0], runs["both"][0, 0])
+    torch.testing.assert_close(runs["interpolation"][0, 1], runs["both"][0, 1])
+    # ... and the training differs afterwards (the other loss no longer moves the aligner)
+    assert runs["supervised"][-1, 0] != runs["both"][-1, 0]
+    assert runs["interpolation"][-1, 1] != runs["both"][-1, 1]
+    for bad in ((0.0, 0.0), (-1.0, 1.0)):
+        with pytest.raises(ValueError, match="supervised_weight"):
+            fit_aligner(aligner, zoo, x, y, steps=1, supervised_weight=bad[0], lmc_weight=bad[1])

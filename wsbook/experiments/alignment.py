@@ -1,8 +1,9 @@
 """The alignment and canonicalization experiments of chapters 5 and 6, as functions the chapters call: a
 comparison of alignment methods by barrier / AUC / runtime (DEEP-ALIGN's protocol), a width sweep,
 barriers between variational posteriors, SIREN interpolation paths, canonicalization on the product of
-spheres, and the learned aligner against weight matching and Sinkhorn. Each returns plain tensors and
-numbers; the trained populations they read come from :mod:`wsbook.experiments.zoos`.
+spheres, and the learned aligner against weight matching and Sinkhorn (in distribution, on zoos trained on
+shifted digit tasks, and trained on one objective at a time). Each returns plain tensors and numbers; the
+trained populations they read come from :mod:`wsbook.experiments.zoos` (the shifted zoos from here).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from wsbook import config, data
 from wsbook.cache import cached
 from wsbook.experiments.zoos import fit_variational_zoo, shape_sdf, train_zoo
 from wsbook.graphs.align import LearnedAligner
-from wsbook.nets import MLPSpec, NetSpec
+from wsbook.nets import MLPSpec, NetSpec, accuracy, train_population
 from wsbook.symmetry.actions import function_difference
 from wsbook.symmetry.canonical import canonicalize, normalize_neurons, sphere_distance
 from wsbook.symmetry.lmc import auc, barrier, connectivity, gaussian_interpolation_curve, interpolation_curve
@@ -370,31 +371,43 @@ def canonical_distances(spec: MLPSpec, zoo: Tensor, x: Tensor) -> dict[str, Tens
             "function_change": function_difference(spec, zoo, exact, x), "label_agreement": same_labels}
 
 
+LEARNED_ALIGNMENT_METHODS = ("naive", "weight_matching", "activation_matching", "sinkhorn", "learned", "wm_sinkhorn",
+                             "learned_sinkhorn", "learned_wm")
+
+
 def compare_learned_alignment(aligner: LearnedAligner, theta_a: Tensor, theta_b: Tensor, x_fit: Tensor,
                               y_fit: Tensor, x_eval: Tensor, y_eval: Tensor, *, sinkhorn_steps: int = 200,
+                              methods: Sequence[str] = ("naive", "weight_matching", "sinkhorn", "learned",
+                                                        "wm_sinkhorn", "learned_sinkhorn", "learned_wm"),
                               seed: int = 0) -> dict:
-    """Align every ``theta_b[i]`` to ``theta_a[i]`` with: nothing (naive), weight matching, Sinkhorn re-basin
-    (interpolation loss on ``x_fit``), the learned aligner, Sinkhorn started from weight matching or from
-    the learned aligner (paper ``001``, table 1), and weight matching started from the learned aligner
-    (``learned_wm``: coordinate descent from the learned permutations only).
+    """Align every ``theta_b[i]`` to ``theta_a[i]`` with: nothing (naive), weight matching, activation
+    matching (on ``x_fit``), Sinkhorn re-basin (interpolation loss on ``x_fit``), the learned aligner,
+    Sinkhorn started from weight matching or from the learned aligner (paper ``001``, tables 1 and 3), and
+    weight matching started from the learned aligner (``learned_wm``: coordinate descent from the learned
+    permutations only).
 
-    See chapter 6, "Experiment 2: learned alignment".
+    See chapter 6, "Experiment 2: learned alignment" and "Out of distribution".
 
     Args:
         aligner: a trained :class:`wsbook.graphs.align.LearnedAligner`.
         theta_a: reference networks ``[B, D]``.
         theta_b: networks aligned to them ``[B, D]``.
-        x_fit: inputs of Sinkhorn's interpolation loss.
+        x_fit: inputs of activation matching and of Sinkhorn's interpolation loss.
         y_fit: targets of Sinkhorn's interpolation loss.
         x_eval: inputs of the test interpolation curves.
         y_eval: targets of the test interpolation curves.
         sinkhorn_steps: optimisation steps of every Sinkhorn run.
+        methods: a subset of :data:`LEARNED_ALIGNMENT_METHODS`, reported in the order given.
         seed: seeds weight matching and Sinkhorn.
 
     Returns:
         Per method the test-loss ``barrier`` and ``auc`` (means over pairs), ``seconds_per_pair`` (wall
-        clock of the whole batch divided by the pairs) and the mean ``curve``.
+        clock of the whole batch divided by the pairs; a refinement includes the method it starts from) and
+        the mean ``curve``.
     """
+    unknown = set(methods) - set(LEARNED_ALIGNMENT_METHODS)
+    if unknown:
+        raise ValueError(f"unknown methods {sorted(unknown)}; choose from {LEARNED_ALIGNMENT_METHODS}")
     spec = aligner.spec
     n = spec.check(theta_b).shape[0]
     gen = lambda: torch.Generator().manual_seed(seed)  # noqa: E731
@@ -404,28 +417,192 @@ def compare_learned_alignment(aligner: LearnedAligner, theta_a: Tensor, theta_b:
         out = fn()
         return out, (time.perf_counter() - start) / n
 
+    def sinkhorn(init=None):
+        return timed(lambda: sinkhorn_matching(spec, theta_a, theta_b, x_fit, y_fit, loss="random",
+                                               steps=sinkhorn_steps, init=init, generator=gen()))
+
     aligned, seconds = {"naive": theta_b}, {"naive": 0.0}
-    wm, seconds["weight_matching"] = timed(lambda: weight_matching(spec, theta_a, theta_b, generator=gen()))
-    aligned["weight_matching"] = wm.aligned
-    sk, seconds["sinkhorn"] = timed(lambda: sinkhorn_matching(
-        spec, theta_a, theta_b, x_fit, y_fit, loss="random", steps=sinkhorn_steps, generator=gen()))
-    aligned["sinkhorn"] = sk.aligned
-    (learned_perms, aligned["learned"]), seconds["learned"] = timed(lambda: aligner.align(theta_a, theta_b))
-    wm_sk, t = timed(lambda: sinkhorn_matching(
-        spec, theta_a, theta_b, x_fit, y_fit, loss="random", steps=sinkhorn_steps, init=wm.perms, generator=gen()))
-    aligned["wm_sinkhorn"], seconds["wm_sinkhorn"] = wm_sk.aligned, seconds["weight_matching"] + t
-    learned_sk, t = timed(lambda: sinkhorn_matching(
-        spec, theta_a, theta_b, x_fit, y_fit, loss="random", steps=sinkhorn_steps, init=learned_perms, generator=gen()))
-    aligned["learned_sinkhorn"] = learned_sk.aligned
-    seconds["learned_sinkhorn"] = seconds["learned"] + t
-    learned_wm, t = timed(lambda: weight_matching(spec, theta_a, theta_b, starts=("identity",), init=learned_perms))
-    aligned["learned_wm"], seconds["learned_wm"] = learned_wm.aligned, seconds["learned"] + t
+    wanted = set(methods)
+    if wanted & {"weight_matching", "wm_sinkhorn"}:
+        wm, seconds["weight_matching"] = timed(lambda: weight_matching(spec, theta_a, theta_b, generator=gen()))
+        aligned["weight_matching"] = wm.aligned
+    if "activation_matching" in wanted:
+        am, seconds["activation_matching"] = timed(lambda: activation_matching(spec, theta_a, theta_b, x_fit))
+        aligned["activation_matching"] = am.aligned
+    if "sinkhorn" in wanted:
+        sk, seconds["sinkhorn"] = sinkhorn()
+        aligned["sinkhorn"] = sk.aligned
+    if wanted & {"learned", "learned_sinkhorn", "learned_wm"}:
+        (learned_perms, aligned["learned"]), seconds["learned"] = timed(lambda: aligner.align(theta_a, theta_b))
+    if "wm_sinkhorn" in wanted:
+        wm_sk, t = sinkhorn(wm.perms)
+        aligned["wm_sinkhorn"], seconds["wm_sinkhorn"] = wm_sk.aligned, seconds["weight_matching"] + t
+    if "learned_sinkhorn" in wanted:
+        learned_sk, t = sinkhorn(learned_perms)
+        aligned["learned_sinkhorn"], seconds["learned_sinkhorn"] = learned_sk.aligned, seconds["learned"] + t
+    if "learned_wm" in wanted:
+        learned_wm, t = timed(lambda: weight_matching(spec, theta_a, theta_b, starts=("identity",),
+                                                      init=learned_perms))
+        aligned["learned_wm"], seconds["learned_wm"] = learned_wm.aligned, seconds["learned"] + t
     out = {}
-    for name, theta in aligned.items():
-        curve = interpolation_curve(spec, theta_a, theta, x_eval, y_eval)
+    for name in methods:
+        curve = interpolation_curve(spec, theta_a, aligned[name], x_eval, y_eval)
         out[name] = {"barrier": barrier(curve).mean().item(), "auc": auc(curve).mean().item(),
                      "seconds_per_pair": seconds[name], "curve": curve["loss"].mean(0)}
     return out
+
+
+ALIGNER_OBJECTIVES = {"supervised": (1.0, 0.0), "interpolation": (0.0, 1.0), "both": (1.0, 1.0)}
+
+
+@cached("align/objectives", version=1)
+def aligner_objectives(spec: MLPSpec, fit_nets: Tensor, theta_a: Tensor, theta_b: Tensor, x_fit: Tensor,
+                       y_fit: Tensor, x_eval: Tensor, y_eval: Tensor, *,
+                       objectives: Sequence[str] = ("supervised", "interpolation"), dim: int = 16,
+                       n_layers: int = 2, layer: str = "relational_transformer", init_seed: int = 0,
+                       steps: int = 300, batch_size: int = 8, lr: float = 3e-3,
+                       noise: float | tuple[float, float] = (0.0, 0.8), planted_noise: float = 0.02,
+                       seed: int = 0) -> dict[str, dict[str, float]]:
+    """The objectives ablation of paper ``001`` (Table 6): one learned aligner per objective of
+    :data:`ALIGNER_OBJECTIVES` (``(supervised_weight, lmc_weight)`` of :func:`wsbook.graphs.align.fit_aligner`),
+    each built with torch seeded to ``init_seed`` and trained on the same pairs, copies and batches; then
+    scored on independently trained pairs and on planted permutations, cached.
+
+    See chapter 6, "Which training signal matters" (in "Experiment 2: learned alignment").
+
+    Args:
+        spec: the architecture of the zoo.
+        fit_nets: the training zoo ``[M, D]`` (also sets the aligner's input normalization).
+        theta_a: reference networks of the test pairs ``[B, D]``.
+        theta_b: networks aligned to them ``[B, D]``.
+        x_fit: inputs of the interpolation loss.
+        y_fit: targets of the interpolation loss.
+        x_eval: inputs of the test interpolation curves.
+        y_eval: targets of the test interpolation curves.
+        objectives: names in :data:`ALIGNER_OBJECTIVES`.
+        dim, n_layers, layer: the :class:`wsbook.graphs.align.LearnedAligner`.
+        init_seed: torch's seed while the aligner is built.
+        steps, batch_size, lr, noise, seed: passed to :func:`wsbook.graphs.align.fit_aligner`.
+        planted_noise: std of the noise of the planted copies of ``theta_a`` the recovery is measured on.
+
+    Returns:
+        Per objective the test ``barrier`` and ``auc`` after learned alignment (means over pairs), the
+        fraction of planted neuron assignments recovered (``recovery``) and the mean of the last tenth of
+        each training loss (``final_supervised``, ``final_interpolation``; ``nan`` for a loss not trained).
+    """
+    from wsbook import symmetry
+    from wsbook.graphs.align import fit_aligner, planted_recovery
+
+    unknown = set(objectives) - set(ALIGNER_OBJECTIVES)
+    if unknown or not objectives:
+        raise ValueError(f"objectives must be a non-empty subset of {tuple(ALIGNER_OBJECTIVES)}; got {objectives}")
+    gen = torch.Generator().manual_seed(seed + 1)
+    g = symmetry.random_permutation(spec, theta_a.shape[0], gen)
+    noisy = theta_a + planted_noise * torch.randn(theta_a.shape, generator=gen).to(theta_a)
+    planted = symmetry.permute(spec, noisy, g)
+    out = {}
+    for name in objectives:
+        supervised_weight, lmc_weight = ALIGNER_OBJECTIVES[name]
+        with config.seeded(init_seed):
+            aligner = LearnedAligner(spec, dim=dim, n_layers=n_layers, layer=layer).to(fit_nets.device)
+        history = fit_aligner(aligner, fit_nets, x_fit, y_fit, steps=steps, batch_size=batch_size, lr=lr, noise=noise,
+                              supervised_weight=supervised_weight, lmc_weight=lmc_weight, seed=seed)
+        _, aligned = aligner.align(theta_a, theta_b)
+        curve = interpolation_curve(spec, theta_a, aligned, x_eval, y_eval)
+        tail = history[-max(1, steps // 10):].mean(0)
+        out[name] = {"barrier": barrier(curve).mean().item(), "auc": auc(curve).mean().item(),
+                     "recovery": planted_recovery(aligner, theta_a, planted, symmetry.inverse_permutation(g)),
+                     "final_supervised": tail[0].item(), "final_interpolation": tail[1].item()}
+    return out
+
+
+SHIFTED_DIGITS = ("rotated", "mnist")
+MAX_ROTATION_DEGREES = 45.0   # the rotated digits turn by an angle drawn uniformly from +- this
+
+
+def shifted_digits(shift: str, pool: int = 2, seed: int = 0) -> dict[str, Tensor]:
+    """A classification task with the inputs and classes of the pooled digits (``(8 / pool)^2`` pixels, ten
+    digits) but another distribution, for aligners trained on a digits zoo (paper ``001``, Table 3). Built
+    from packaged data only:
+
+    * ``"rotated"``: every 8x8 digit image turned by its own angle drawn uniformly from
+      ``-MAX_ROTATION_DEGREES`` to ``MAX_ROTATION_DEGREES`` (45) degrees
+      (bilinear, the border pixel repeated outside the image), then pooled; the analogue of the paper's
+      rotated CIFAR10.
+    * ``"mnist"``: the 5,000-image MNIST subset of :mod:`wsbook.data` (28x28 digits of another source),
+      average-pooled to the same ``(8 / pool)^2`` pixels; the analogue of the paper's STL10.
+
+    See chapter 6, "Out of distribution" (in "Experiment 2: learned alignment").
+
+    Args:
+        shift: one of :data:`SHIFTED_DIGITS`.
+        pool: the pooling of the digits the aligner was trained on (1, 2, 4 or 8).
+        seed: seeds the rotation angles.
+
+    Returns:
+        ``x_train``, ``y_train``, ``x_test``, ``y_test`` (the data sets' own splits; inputs standardized as
+        :func:`wsbook.data.load` does, before pooling).
+    """
+    from wsbook.experiments.zoos import pooled_digits
+
+    if shift not in SHIFTED_DIGITS:
+        raise ValueError(f"unknown shift {shift!r}; choose from {SHIFTED_DIGITS}")
+    if pool not in (1, 2, 4, 8):
+        raise ValueError(f"pool must be 1, 2, 4 or 8; got {pool}")
+    if shift == "mnist":
+        ds = data.load("mnist5k")
+        side = 8 // pool
+
+        def prepare(x: Tensor) -> Tensor:
+            return torch.nn.functional.adaptive_avg_pool2d(x.view(-1, 1, 28, 28), side).flatten(1)
+
+        return {"x_train": prepare(ds.x_train), "y_train": ds.y_train, "x_test": prepare(ds.x_test),
+                "y_test": ds.y_test}
+    ds = data.load("digits")
+    gen = torch.Generator().manual_seed(seed)
+
+    def rotate(x: Tensor) -> Tensor:
+        angle = ((2 * torch.rand(x.shape[0], generator=gen) - 1) * MAX_ROTATION_DEGREES).deg2rad().to(x)
+        cos, sin, zero = angle.cos(), angle.sin(), torch.zeros_like(angle)
+        affine = torch.stack([torch.stack([cos, -sin, zero], 1), torch.stack([sin, cos, zero], 1)], 1)
+        grid = torch.nn.functional.affine_grid(affine, [x.shape[0], 1, 8, 8], align_corners=False)
+        turned = torch.nn.functional.grid_sample(x.view(-1, 1, 8, 8), grid, padding_mode="border",
+                                                 align_corners=False)
+        return pooled_digits(turned.flatten(1), pool)
+
+    return {"x_train": rotate(ds.x_train), "y_train": ds.y_train, "x_test": rotate(ds.x_test),
+            "y_test": ds.y_test}
+
+
+@cached("align/shifted_zoo", version=1)
+def shifted_digits_zoo(shift: str, n_nets: int, *, hidden: int = 16, depth: int = 2, steps: int = 300,
+                       lr: float = 3e-3, pool: int = 2, seed: int = 1) -> dict[str, Tensor]:
+    """``n_nets`` ReLU classifiers ``(8 / pool)^2 -> hidden x depth -> 10`` trained on
+    :func:`shifted_digits` ``(shift, pool)`` from independent initialisations (Adam, minibatches of 32, as
+    :func:`wsbook.experiments.zoos.digits_zoo` trains the in-distribution zoo), cached.
+
+    See chapter 6, "Out of distribution" (in "Experiment 2: learned alignment").
+
+    Args:
+        shift: one of :data:`SHIFTED_DIGITS`.
+        n_nets: networks to train.
+        hidden: hidden width.
+        depth: number of hidden layers.
+        steps: training steps of every network.
+        lr: Adam learning rate.
+        pool: pooling of the inputs.
+        seed: seeds initialisations and minibatch orders (pick one the in-distribution zoo did not use).
+
+    Returns:
+        ``theta [n_nets, D]`` and ``test_accuracy [n_nets]``.
+    """
+    task = shifted_digits(shift, pool)
+    spec = MLPSpec((task["x_train"].shape[1],) + (hidden,) * depth + (10,))
+    gen = torch.Generator().manual_seed(seed)
+    theta0 = spec.init(n_nets, generator=gen)
+    theta = train_population(spec, theta0, task["x_train"], task["y_train"], steps=steps, lr=lr, batch_size=32,
+                             generator=gen, desc=f"{shift} zoo").theta.detach()
+    return {"theta": theta, "test_accuracy": accuracy(spec, theta, task["x_test"], task["y_test"])}
 
 
 def merge_canonical_forms(autoencoder, theta_a: Tensor, theta_b: Tensor, images: Tensor, *,

@@ -9,7 +9,7 @@ hardens it. Because the embedding is equivariant, permuting ``b``'s neurons perm
 
 Training combines the two losses of paper ``001``: recovering planted permutations of noisy copies
 (supervised), and the task loss at the midpoint of ``a`` and the softly aligned ``b`` (the
-interpolation / LMC loss, unsupervised).
+interpolation / LMC loss, unsupervised); either can be switched off to train on the other alone.
 """
 from __future__ import annotations
 
@@ -59,12 +59,17 @@ class LearnedAligner(nn.Module):
 
 def fit_aligner(model: LearnedAligner, zoo: Tensor, x: Tensor, y: Tensor, *, steps: int = 300, batch_size: int = 16,
                 lr: float = 1e-3, noise: float | tuple[float, float] = 0.02, lmc_weight: float = 1.0,
-                lmc_at: str = "midpoint", n_iter: int = 20, seed: int = 0) -> Tensor:
-    """Train on random pairs of ``zoo`` networks: cross-entropy of the Sinkhorn matrix against the planted
-    permutation of a noisy copy, plus ``lmc_weight`` times the task loss of ``(1 - lam) a + lam P(b)`` on a
-    data batch (paper ``001``, eq. 6-7). Returns the per-step losses ``[steps, 2]`` (supervised, interpolation).
+                supervised_weight: float = 1.0, lmc_at: str = "midpoint", n_iter: int = 20,
+                seed: int = 0) -> Tensor:
+    """Train on random pairs of ``zoo`` networks: ``supervised_weight`` times the cross-entropy of the
+    Sinkhorn matrix against the planted permutation of a noisy copy, plus ``lmc_weight`` times the task loss
+    of ``(1 - lam) a + lam P(b)`` on a data batch (paper ``001``, eq. 6-7). Returns the per-step losses
+    ``[steps, 2]`` (supervised, interpolation); a loss whose weight is 0 is not computed and reads ``nan``.
 
     Args:
+        lmc_weight, supervised_weight: weights of the two objectives, each ``>= 0`` and not both 0; setting
+            one to 0 trains on the other alone (the objectives ablation of paper ``001``, Table 6). The
+            random pairs, copies and data batches drawn do not depend on the weights.
         noise: std of the Gaussian noise added to a network before planting a permutation: one number, or
             ``(low, high)`` to draw every copy's std uniformly from that range. Copies far from the original
             (noise comparable to the weights) make the planted task resemble aligning independently
@@ -73,6 +78,9 @@ def fit_aligner(model: LearnedAligner, zoo: Tensor, x: Tensor, y: Tensor, *, ste
     """
     if lmc_at not in ("midpoint", "uniform"):
         raise ValueError(f"lmc_at must be 'midpoint' or 'uniform'; got {lmc_at!r}")
+    if min(lmc_weight, supervised_weight) < 0 or lmc_weight == supervised_weight == 0:
+        raise ValueError(f"lmc_weight and supervised_weight must be >= 0 and not both 0; got {lmc_weight} "
+                         f"and {supervised_weight}")
     low, high = (noise, noise) if isinstance(noise, (int, float)) else noise
     if not 0 <= low <= high:
         raise ValueError(f"noise must be a std >= 0 or a range (low, high) with 0 <= low <= high; got {noise!r}")
@@ -93,16 +101,19 @@ def fit_aligner(model: LearnedAligner, zoo: Tensor, x: Tensor, y: Tensor, *, ste
         std = low + (high - low) * torch.rand(batch_size, 1, generator=gen)
         planted = permute(spec, a + (std * torch.randn(a.shape, generator=gen)).to(a), g)
         target = inverse_permutation(g)
-        ce = sum(-torch.log(sinkhorn(s, n_iter).gather(2, t.unsqueeze(2)).clamp_min(1e-9)).mean()
-                 for s, t in zip(model.scores(a, planted), target))
+        nan = torch.full((), float("nan"))
+        ce = nan if supervised_weight == 0 else sum(
+            -torch.log(sinkhorn(s, n_iter).gather(2, t.unsqueeze(2)).clamp_min(1e-9)).mean()
+            for s, t in zip(model.scores(a, planted), target))
         # unsupervised: the midpoint of a and the softly aligned b should fit the data
-        P = [sinkhorn(s, n_iter) for s in model.scores(a, b)]
         lam = torch.rand(batch_size, 1, generator=gen) if lmc_at == "uniform" else torch.full((batch_size, 1), 0.5)
-        lam = lam.to(a)
-        mid = (1 - lam) * a + lam * permute_soft(spec, b, P)
         rows = torch.randint(0, x.shape[0], (min(256, x.shape[0]),), generator=gen).to(x.device)
-        lmc = per_member_loss(spec, mid, x[rows], y[rows]).mean()
-        loss = ce + lmc_weight * lmc
+        lmc = nan
+        if lmc_weight > 0:
+            P = [sinkhorn(s, n_iter) for s in model.scores(a, b)]
+            mid = (1 - lam.to(a)) * a + lam.to(a) * permute_soft(spec, b, P)
+            lmc = per_member_loss(spec, mid, x[rows], y[rows]).mean()
+        loss = (supervised_weight * ce if supervised_weight > 0 else 0) + (lmc_weight * lmc if lmc_weight > 0 else 0)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"aligner loss became {loss.item()} at step {step}; lower lr")
         opt.zero_grad(set_to_none=True)
