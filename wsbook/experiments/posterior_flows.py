@@ -591,5 +591,5 @@ def detection_table(task: str = "breast_cancer", charts: tuple[str, ...] = CHART
 
 __all__ = ["CHARTS", "FlowSettings", "flow_settings", "KLSettings", "kl_settings", "posterior_field", "posterior_flow",
            "posterior_flow_kl", "sample_flow", "methods_table", "alignment_spread", "prior_draws", "gaussian_fits",
-           "guided", "memorisation", "cost", "importance_sampling", "PROPOSALS", "elbos", "reweighted", "detection_sets",
-           "detection_table", "auroc", "OWN_SAMPLES"]
+           "guided", "memorisation", "cost", "importance_sampling", "PROPOSALS", "elbos", "reweighted",
+           "detection_sets", "detection_table", "auroc", "OWN_SAMPLES"]
