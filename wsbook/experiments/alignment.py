@@ -17,6 +17,7 @@ from wsbook import config, data
 from wsbook.cache import cached
 from wsbook.experiments.zoos import fit_variational_zoo, shape_sdf, train_zoo
 from wsbook.graphs.align import LearnedAligner
+from wsbook.loop import descend
 from wsbook.nets import MLPSpec, NetSpec, accuracy, train_population
 from wsbook.symmetry.actions import function_difference
 from wsbook.symmetry.canonical import canonicalize, normalize_neurons, sphere_distance
@@ -275,7 +276,7 @@ def _segment_loss(spec: MLPSpec, theta_a: Tensor, theta_b: Tensor, x: Tensor, y:
     return (out - y[:, 0]).pow(2).mean((1, 2))
 
 
-@cached("align/hyper_matching", version=1)
+@cached("align/hyper_matching", version=2)   # 2: trained through loop.descend
 def hyper_matching(spec: MLPSpec, theta_a: Tensor, theta_b: Tensor, *, n_grid: int = 32, steps: int = 500,
                    lr: float = 1e-3, seed: int = 0) -> dict[str, Tensor | float]:
     """HYPER-MATCHING (Ballerini, 2023, sec. 3.3) for pairs of SIRENs of :func:`shape_sdf`: an encoder of
@@ -313,21 +314,16 @@ def hyper_matching(spec: MLPSpec, theta_a: Tensor, theta_b: Tensor, *, n_grid: i
             model.theta_scale.copy_(b[0].abs().clamp_min(1e-3))
         model.encoder.gnn.set_normalization(torch.cat([a, b]))     # one scale per layer role, from the pair
         model.encoder.norm = torch.nn.Identity()       # one network: nothing to standardise the latent over
-        opt = torch.optim.Adam(model.parameters(), lr=lr)
-        for _ in range(steps):
-            opt.zero_grad()
-            _segment_loss(spec, a, model(b), x, y, gen).sum().backward()
-            opt.step()
+        descend(lambda step, model=model, a=a, b=b: _segment_loss(spec, a, model(b), x, y, gen),
+                torch.optim.Adam(model.parameters(), lr=lr), steps, desc=f"hyper-matching, pair {i}")
         with torch.no_grad():
             hyper.append(model(b))
     hyper_seconds = time.perf_counter() - start
     start = time.perf_counter()
     direct = theta_b.clone().requires_grad_(True)
-    opt = torch.optim.Adam([direct], lr=lr / 10)
-    for _ in range(steps):               # pairs are independent: the summed loss trains each on its own
-        opt.zero_grad()
-        _segment_loss(spec, theta_a, direct, x, y, gen).sum().backward()
-        opt.step()
+    # pairs are independent: descend backpropagates the summed loss, which trains each on its own
+    descend(lambda step: _segment_loss(spec, theta_a, direct, x, y, gen), torch.optim.Adam([direct], lr=lr / 10),
+            steps, desc="segment loss from B")
     return {"hyper": torch.cat(hyper), "direct": direct.detach(), "hyper_seconds": hyper_seconds,
             "direct_seconds": time.perf_counter() - start}
 

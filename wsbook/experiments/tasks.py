@@ -119,6 +119,7 @@ def _method_generator(t: Task, method: str, seed: int) -> torch.Generator:
 
 
 def _fit_vi(t: Task, gen: torch.Generator):
+    """Mean-field VI on ``t``'s posterior at the scale's settings (the one recipe of the "vi" runs)."""
     cfg = settings("vi")
     return fit_vi(t.log_posterior(), n_members=1, steps=cfg["steps"], lr=cfg["lr"], batch_size=t.batch_size,
                   n_mc=cfg["n_mc"], generator=gen)
