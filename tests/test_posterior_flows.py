@@ -84,11 +84,13 @@ def test_elbos_of_the_flows_and_of_vi(monkeypatch):
     from wsbook.bayes.vi import gaussian_entropy
     from wsbook.experiments import tasks
 
-    log_w = {"draws": torch.tensor([-30.0, -10.0, -20.0, -40.0]), "reverse kl": torch.tensor([-5.0, -7.0])}
+    log_w = {"draws": torch.tensor([-30.0, -10.0, -20.0, -40.0]), "reverse kl": torch.tensor([-5.0, -7.0]),
+             "joint": torch.tensor([-6.0, -6.0])}
     monkeypatch.setattr(pf, "importance_sampling", lambda task, n, seed, proposal: {"log_w": log_w[proposal]})
     out = pf.elbos("breast_cancer", n=256)
     assert out["flow (draws)"]["elbo"] == pytest.approx(-25.0)
     assert out["flow (reverse KL)"]["se"] == pytest.approx(1.0)        # std sqrt(2) over sqrt(2 samples)
+    assert out["flow (draws + density)"] == {"elbo": -6.0, "se": 0.0}
     t = tasks.get_task("breast_cancer")
     prior = float(t.prior_std) * torch.randn(256, t.spec.n_params, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -96,3 +98,27 @@ def test_elbos_of_the_flows_and_of_vi(monkeypatch):
             gaussian_entropy(torch.full((t.spec.n_params,), float(t.prior_std))))
     vi = out["mean-field VI"]
     assert vi["se"] > 0 and vi["elbo"] > prior_elbo + 10 * vi["se"], (vi, prior_elbo)
+
+
+def test_joint_flow_starts_at_vi_and_trains_on_draws_and_density(monkeypatch):
+    """The joint flow's source is the mean-field VI fit and its field starts at zero, so its first reverse-KL
+    estimates are VI's negative ELBO; the draws (aligned to VI's mean) get a second loss column."""
+    from types import SimpleNamespace
+
+    from wsbook.bayes.vi import gaussian_entropy
+    from wsbook.experiments import tasks
+
+    t = tasks.get_task("breast_cancer")
+    q = tasks.vi_posterior("breast_cancer")
+    draws = q.sample(64, torch.Generator().manual_seed(1)).samples
+    monkeypatch.setattr(pf.targets, "hmc_reference", lambda task, seed: SimpleNamespace(theta=draws))
+    monkeypatch.setattr(pf, "joint_settings", lambda: pf.JointSettings(2, 256, 1e-12, 0.9, 4, 1.0))
+    flow, seconds, losses = pf.posterior_flow_joint("breast_cancer")
+    assert losses.shape == (2, 2) and torch.isfinite(losses).all() and seconds > 0
+    assert torch.equal(flow.chart.loc, q.mean[0]) and torch.equal(flow.chart.sigma, q.std[0])
+    x = flow.chart.sample_source(256, torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        log_w = t.log_posterior()(x) - flow.chart.source_log_prob(x)
+    assert abs(float(log_w.mean() - t.log_posterior()(x).mean()) - float(gaussian_entropy(q.std[0]))) < 5
+    se = float(log_w.std()) / 16
+    assert abs(float(losses[0, 0]) + float(log_w.mean())) < 6 * se, (losses[0], log_w.mean(), se)

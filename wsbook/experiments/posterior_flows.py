@@ -8,6 +8,8 @@ independent run (seed 1), which it never saw:
   Geometric chart (sizes per scale in :func:`flow_settings`) and its training seconds.
 * :func:`posterior_flow_kl`: the Euclidean flow trained further on the task's unnormalised posterior by
   reverse KL (:meth:`~wsbook.weightflow.WeightFlow.fit_reverse_kl`; sizes in :func:`kl_settings`).
+* :func:`posterior_flow_joint`: a Euclidean flow started at mean-field VI and trained on the HMC draws'
+  likelihood and the unnormalised posterior together (sizes in :func:`joint_settings`).
 * :func:`sample_flow`: networks, chart points and sampling seconds.
 * :func:`gaussian_fits`: a full-covariance Gaussian fit of the HMC draws and a mixture of one per chain, the
   yardsticks of what a density estimate of the draws must capture.
@@ -185,6 +187,71 @@ def posterior_flow_kl(task: str = "breast_cancer", seed: int = 0) -> tuple[Weigh
     return WeightFlow.from_state(out["state"]), float(out["seconds"]), out["losses"]
 
 
+@dataclass(frozen=True)
+class JointSettings:
+    """Sizes of the flow trained on HMC draws and the posterior density together (:func:`posterior_flow_joint`;
+    set per scale by :func:`joint_settings`): Adam ``steps``, samples and draws per step ``batch_size``,
+    learning rate ``lr``, EMA decay ``ema_decay``, Euler steps of the path ``solver_steps``, and the weight of
+    the draws' negative log-likelihood ``forward_weight``."""
+
+    steps: int
+    batch_size: int
+    lr: float
+    ema_decay: float
+    solver_steps: int
+    forward_weight: float
+
+
+def joint_settings() -> JointSettings:
+    """The joint training's sizes at the current scale (about twice a reverse-KL step's cost: the draws' path
+    back to the source doubles the work)."""
+    s = config.by_scale
+    return JointSettings(steps=s(100, 1500, 10000), batch_size=s(32, 64, 256), lr=1e-3, ema_decay=s(0.9, 0.99, 0.995),
+                         solver_steps=s(8, 8, 16), forward_weight=s(5.0, 5.0, 5.0))
+
+
+@cached("flows/posterior_joint", version=1)
+def _train_joint(task: str, settings: FlowSettings, joint: JointSettings, seed: int) -> dict:
+    from wsbook.experiments.tasks import get_task, vi_posterior
+
+    t, ref = get_task(task), targets.hmc_reference(task, seed=0)
+    start = time.perf_counter()
+    vi = vi_posterior(task, seed)
+    mean, std = vi.mean[0].detach(), vi.std[0].detach()
+    # the source is VI's Gaussian and the draws are aligned to its mean: a zero field is VI itself
+    chart = EuclideanChart(t.spec, sigma=std, loc=mean, reference=mean)
+    with config.seeded(7_000 + seed):
+        field = posterior_field(t.spec, settings)
+    if isinstance(field, FlatField):
+        field = field.with_diagonal()
+        torch.nn.init.zeros_(field.net[-1].weight)
+        torch.nn.init.zeros_(field.net[-1].bias)
+    flow = WeightFlow(chart, field, coupling="ot")
+    flow.set_scale(chart.to_points(ref.theta))
+    gen = torch.Generator().manual_seed(8_000 + seed)
+    fit = flow.fit_reverse_kl(t.log_posterior(), steps=joint.steps, batch_size=joint.batch_size, lr=joint.lr,
+                              ema_decay=joint.ema_decay, solver_steps=joint.solver_steps, networks=ref.theta,
+                              forward_weight=joint.forward_weight, generator=gen,
+                              desc="posterior flow, draws and density")
+    return {"state": flow.state_dict(), "seconds": time.perf_counter() - start, "losses": fit.losses}
+
+
+def posterior_flow_joint(task: str = "breast_cancer", seed: int = 0) -> tuple[WeightFlow, float, Tensor]:
+    """A Euclidean flow trained on the HMC draws of ``hmc_reference(task, seed=0)`` and on the task's
+    unnormalised posterior at once, cached: ``(flow, seconds, per-step losses [steps, 2])`` (reverse KL up to
+    the log evidence; the draws' mean negative log-likelihood).
+
+    The loss is ``KL(q || p) + w * E_draws[-log q]`` (:meth:`WeightFlow.fit_reverse_kl` with ``networks``; ``w``
+    and the sizes from :func:`joint_settings`): the density makes the networks fit the data, the draws' likelihood
+    keeps ``q`` from settling on too narrow a spread, as reverse KL alone does. It starts at the mean-field VI fit
+    (:func:`tasks.vi_posterior`): the chart's source is VI's Gaussian, the flat field gets a per-weight linear term
+    and starts at zero, and the draws are aligned to VI's mean by weight matching (the posterior is
+    symmetric; one mode of it is learned). The seconds include the VI fit.
+    """
+    out = _train_joint(task, flow_settings(), joint_settings(), seed)
+    return WeightFlow.from_state(out["state"]), float(out["seconds"]), out["losses"]
+
+
 def sample_flow(flow: WeightFlow, n: int, generator: torch.Generator | None = None,
                 steps: int | None = None) -> tuple[Tensor, Tensor, float]:
     """``n`` networks of a flow: ``(theta [n, D], chart points [n, D], seconds)`` (midpoint solver)."""
@@ -358,14 +425,17 @@ def cost(flow_seconds: float, sample_seconds: float, n: int, task: str = "breast
 
 
 # ----------------------------------------------------------------------------- importance weights
-PROPOSALS = ("draws", "reverse kl")
+PROPOSALS = ("draws", "reverse kl", "joint")
 
 
 @cached("flows/posterior_is", version=6)   # 5: the proposal is an argument; 6: reverse-KL flow v2
-def _importance(task: str, settings: FlowSettings, kl: KLSettings | None, n: int, seed: int) -> dict:
+def _importance(task: str, settings: FlowSettings, kl: KLSettings | JointSettings | None, n: int, seed: int) -> dict:
     from wsbook.experiments.tasks import get_task
 
-    flow = posterior_flow(task, "euclidean", seed=0)[0] if kl is None else posterior_flow_kl(task, seed=0)[0]
+    if kl is None:
+        flow = posterior_flow(task, "euclidean", seed=0)[0]
+    else:
+        flow = (posterior_flow_joint if isinstance(kl, JointSettings) else posterior_flow_kl)(task, seed=0)[0]
     gen = torch.Generator().manual_seed(2_000 + seed)
     theta, points, _ = sample_flow(flow, n, gen)
     start = time.perf_counter()
@@ -393,15 +463,16 @@ def importance_sampling(task: str = "breast_cancer", n: int | None = None, seed:
         task: the task of :func:`posterior_flow`.
         n: samples (default: 64 at `ci`, 512 at `default`, 2048 at `full`).
         seed: seeds the samples and the probes.
-        proposal: ``"draws"`` (the flow trained on HMC draws, :func:`posterior_flow`) or ``"reverse kl"`` (that
-            flow trained further on the posterior density, :func:`posterior_flow_kl`).
+        proposal: ``"draws"`` (the flow trained on HMC draws, :func:`posterior_flow`), ``"reverse kl"`` (that
+            flow trained further on the posterior density, :func:`posterior_flow_kl`) or ``"joint"`` (the flow
+            trained on draws and density together, :func:`posterior_flow_joint`).
     """
     n = config.by_scale(64, 512, 2048) if n is None else int(n)
     if n < 2:
         raise ValueError(f"importance_sampling needs at least 2 samples; got {n}")
     if proposal not in PROPOSALS:
         raise ValueError(f"proposal must be one of {PROPOSALS}; got {proposal!r}")
-    kl = kl_settings() if proposal == "reverse kl" else None
+    kl = {"draws": None, "reverse kl": kl_settings(), "joint": joint_settings()}[proposal]
     out = dict(_importance(task, flow_settings(), kl, n, seed))
     log_w = (out["log_p"] - out["log_q"]).double()
     w = torch.softmax(log_w, 0)
@@ -411,7 +482,7 @@ def importance_sampling(task: str = "breast_cancer", n: int | None = None, seed:
 
 
 def elbos(task: str = "breast_cancer", n: int | None = None, seed: int = 0) -> dict[str, dict[str, float]]:
-    """The evidence lower bound ``E_q[log p(theta, D) - log q(theta)] = log p(D) - KL(q || p)`` of the two
+    """The evidence lower bound ``E_q[log p(theta, D) - log q(theta)] = log p(D) - KL(q || p)`` of the three
     Euclidean flows and of mean-field VI (the table's fit, :func:`tasks.vi_posterior`), with its standard
     error: ``{name: {"elbo", "se"}}``. All share the unknown ``log p(D)``, so a difference of ELBOs is a
     difference of reverse KLs to the posterior, the objective that VI and :func:`posterior_flow_kl` minimise.
@@ -427,7 +498,8 @@ def elbos(task: str = "breast_cancer", n: int | None = None, seed: int = 0) -> d
     from wsbook.experiments.tasks import get_task, vi_posterior
 
     out = {}
-    for name, proposal in (("flow (draws)", "draws"), ("flow (reverse KL)", "reverse kl")):
+    for name, proposal in (("flow (draws)", "draws"), ("flow (reverse KL)", "reverse kl"),
+                           ("flow (draws + density)", "joint")):
         log_w = importance_sampling(task, n, seed, proposal)["log_w"]
         out[name] = {"elbo": float(log_w.mean()), "se": float(log_w.std() / math.sqrt(log_w.numel()))}
     q = vi_posterior(task, seed)
@@ -590,6 +662,7 @@ def detection_table(task: str = "breast_cancer", charts: tuple[str, ...] = CHART
 
 
 __all__ = ["CHARTS", "FlowSettings", "flow_settings", "KLSettings", "kl_settings", "posterior_field", "posterior_flow",
-           "posterior_flow_kl", "sample_flow", "methods_table", "alignment_spread", "prior_draws", "gaussian_fits",
+           "posterior_flow_kl", "JointSettings", "joint_settings", "posterior_flow_joint", "sample_flow",
+           "methods_table", "alignment_spread", "prior_draws", "gaussian_fits",
            "guided", "memorisation", "cost", "importance_sampling", "PROPOSALS", "elbos", "reweighted",
            "detection_sets", "detection_table", "auroc", "OWN_SAMPLES"]

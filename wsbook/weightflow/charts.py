@@ -144,23 +144,33 @@ class Chart:
 
 class EuclideanChart(Chart):
     """Weights as they are (optionally aligned to ``reference`` by weight matching first); the flow runs in
-    ``R^D`` from the source ``N(0, sigma^2 I)``.
+    ``R^D`` from the source ``N(0, sigma^2 I)``, or from ``N(loc, diag(sigma^2))`` with a per-weight ``sigma``
+    and ``loc`` (e.g. a mean-field VI fit, so that a zero field starts the flow at VI's posterior).
 
     Args:
         spec: the architecture.
-        sigma: standard deviation of the Gaussian source (the thesis uses 0.1 for classifiers, 1 for its
-            Gaussian toy).
+        sigma: standard deviation of the Gaussian source: a number (the thesis uses 0.1 for classifiers, 1
+            for its Gaussian toy) or one positive value per weight ``[D]``.
         reference: a network ``[D]`` every population is aligned to in :meth:`to_points` (or ``None``).
+        loc: the source's mean ``[D]`` (default: zero).
     """
 
     kind = "euclidean"
 
-    def __init__(self, spec: MLPSpec, sigma: float = 0.1, reference: Tensor | None = None):
+    def __init__(self, spec: MLPSpec, sigma: float | Tensor = 0.1, reference: Tensor | None = None,
+                 loc: Tensor | None = None):
         if not isinstance(spec, MLPSpec):
             raise TypeError(f"EuclideanChart needs an MLPSpec; got {type(spec).__name__}")
-        if not sigma > 0:
-            raise ValueError(f"EuclideanChart: sigma must be positive; got {sigma}")
-        self.spec, self.sigma = spec, float(sigma)
+        if isinstance(sigma, Tensor) and sigma.numel() > 1:
+            sigma = spec.check(sigma, "sigma")[0].detach().clone()
+            if not bool((sigma > 0).all()):
+                raise ValueError(f"EuclideanChart: every sigma must be positive; got min {float(sigma.min())}")
+        elif not float(sigma) > 0:
+            raise ValueError(f"EuclideanChart: sigma must be positive; got {float(sigma)}")
+        else:
+            sigma = float(sigma)
+        self.spec, self.sigma = spec, sigma
+        self.loc = None if loc is None else spec.check(loc, "loc")[0].detach().clone()
         self.reference = None if reference is None else spec.check(reference, "reference")[:1].detach().clone()
         self.manifold = Euclidean(spec.n_params)
 
@@ -172,15 +182,22 @@ class EuclideanChart(Chart):
         return self.check_points(points).clone()
 
     def sample_source(self, n: int, generator: torch.Generator | None = None) -> Tensor:
-        return self.sigma * self.manifold.random_base(n, generator=generator)
+        z = self.manifold.random_base(n, generator=generator)
+        x = z * self.sigma.to(z) if isinstance(self.sigma, Tensor) else self.sigma * z
+        return x if self.loc is None else x + self.loc.to(x)
 
     def source_log_prob(self, points: Tensor) -> Tensor:
-        z = points / self.sigma
+        x = points if self.loc is None else points - self.loc.to(points)
+        if isinstance(self.sigma, Tensor):
+            z = x / self.sigma.to(x)
+            return -0.5 * (z * z).sum(-1) - self.sigma.to(x).log().sum() - 0.5 * self.dim * math.log(2 * math.pi)
+        z = x / self.sigma
         return -0.5 * (z * z).sum(-1) - self.dim * (math.log(self.sigma) + 0.5 * math.log(2 * math.pi))
 
     def config(self) -> dict:
-        return {"kind": self.kind, "widths": list(self.spec.widths), "activation": self.spec.activation,
-                "sigma": self.sigma, "reference": self.reference}
+        cfg = {"kind": self.kind, "widths": list(self.spec.widths), "activation": self.spec.activation,
+               "sigma": self.sigma, "reference": self.reference}
+        return cfg if self.loc is None else cfg | {"loc": self.loc}
 
 
 class _CanonicalChart(Chart):
