@@ -112,7 +112,7 @@ def test_joint_flow_starts_at_vi_and_trains_on_draws_and_density(monkeypatch):
     q = tasks.vi_posterior("breast_cancer")
     draws = q.sample(64, torch.Generator().manual_seed(1)).samples
     monkeypatch.setattr(pf.targets, "hmc_reference", lambda task, seed: SimpleNamespace(theta=draws))
-    monkeypatch.setattr(pf, "joint_settings", lambda: pf.JointSettings(2, 256, 1e-12, 0.9, 4, 1.0))
+    monkeypatch.setattr(pf, "joint_settings", lambda: pf.JointSettings(1, 1e-12, 2, 1e-12, 256, 0.9, 4, 1.0))
     flow, seconds, losses = pf.posterior_flow_joint("breast_cancer")
     assert losses.shape == (2, 2) and torch.isfinite(losses).all() and seconds > 0
     assert torch.equal(flow.chart.loc, q.mean[0]) and torch.equal(flow.chart.sigma, q.std[0])

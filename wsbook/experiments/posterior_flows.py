@@ -189,25 +189,29 @@ def posterior_flow_kl(task: str = "breast_cancer", seed: int = 0) -> tuple[Weigh
 
 @dataclass(frozen=True)
 class JointSettings:
-    """Sizes of the flow trained on HMC draws and the posterior density together (:func:`posterior_flow_joint`;
-    set per scale by :func:`joint_settings`): Adam ``steps``, samples and draws per step ``batch_size``,
-    learning rate ``lr``, EMA decay ``ema_decay``, Euler steps of the path ``solver_steps``, and the weight of
-    the draws' negative log-likelihood ``forward_weight``."""
+    """Sizes of the flow trained on HMC draws and the posterior density (:func:`posterior_flow_joint`; set per
+    scale by :func:`joint_settings`): ``density_steps`` Adam steps of reverse KL alone at learning rate
+    ``density_lr``, then ``steps`` of reverse KL plus ``forward_weight`` times the draws' negative
+    log-likelihood at ``lr``; samples and draws per step ``batch_size``, EMA decay ``ema_decay``, Euler steps of
+    the path ``solver_steps``."""
 
+    density_steps: int
+    density_lr: float
     steps: int
-    batch_size: int
     lr: float
+    batch_size: int
     ema_decay: float
     solver_steps: int
     forward_weight: float
 
 
 def joint_settings() -> JointSettings:
-    """The joint training's sizes at the current scale (about twice a reverse-KL step's cost: the draws' path
-    back to the source doubles the work)."""
+    """The sizes at the current scale (a joint step costs about two reverse-KL steps: the draws' path back to
+    the source doubles the work)."""
     s = config.by_scale
-    return JointSettings(steps=s(100, 1500, 10000), batch_size=s(32, 64, 256), lr=1e-3, ema_decay=s(0.9, 0.99, 0.995),
-                         solver_steps=s(8, 8, 16), forward_weight=s(5.0, 5.0, 5.0))
+    return JointSettings(density_steps=s(100, 1500, 6000), density_lr=1e-3, steps=s(50, 600, 2400), lr=3e-4,
+                         batch_size=s(32, 64, 256), ema_decay=s(0.9, 0.99, 0.995), solver_steps=s(8, 8, 16),
+                         forward_weight=10.0)
 
 
 @cached("flows/posterior_joint", version=1)
@@ -229,24 +233,28 @@ def _train_joint(task: str, settings: FlowSettings, joint: JointSettings, seed: 
     flow = WeightFlow(chart, field, coupling="ot")
     flow.set_scale(chart.to_points(ref.theta))
     gen = torch.Generator().manual_seed(8_000 + seed)
-    fit = flow.fit_reverse_kl(t.log_posterior(), steps=joint.steps, batch_size=joint.batch_size, lr=joint.lr,
-                              ema_decay=joint.ema_decay, solver_steps=joint.solver_steps, networks=ref.theta,
-                              forward_weight=joint.forward_weight, generator=gen,
-                              desc="posterior flow, draws and density")
-    return {"state": flow.state_dict(), "seconds": time.perf_counter() - start, "losses": fit.losses}
+    kw = dict(batch_size=joint.batch_size, ema_decay=joint.ema_decay, solver_steps=joint.solver_steps, generator=gen)
+    first = flow.fit_reverse_kl(t.log_posterior(), steps=joint.density_steps, lr=joint.density_lr,
+                                desc="posterior flow from VI, density", **kw)
+    flow.field.load_state_dict(flow.ema.state_dict())     # continue from the sampling weights
+    second = flow.fit_reverse_kl(t.log_posterior(), steps=joint.steps, lr=joint.lr, networks=ref.theta,
+                                 forward_weight=joint.forward_weight, desc="posterior flow, density and draws", **kw)
+    return {"state": flow.state_dict(), "seconds": time.perf_counter() - start, "density_losses": first.losses,
+            "losses": second.losses}
 
 
 def posterior_flow_joint(task: str = "breast_cancer", seed: int = 0) -> tuple[WeightFlow, float, Tensor]:
-    """A Euclidean flow trained on the HMC draws of ``hmc_reference(task, seed=0)`` and on the task's
-    unnormalised posterior at once, cached: ``(flow, seconds, per-step losses [steps, 2])`` (reverse KL up to
-    the log evidence; the draws' mean negative log-likelihood).
+    """A Euclidean flow trained on the task's unnormalised posterior and on the HMC draws of
+    ``hmc_reference(task, seed=0)``, cached: ``(flow, seconds, per-step losses [steps, 2])`` of the second
+    phase (reverse KL up to the log evidence; the draws' mean negative log-likelihood).
 
-    The loss is ``KL(q || p) + w * E_draws[-log q]`` (:meth:`WeightFlow.fit_reverse_kl` with ``networks``; ``w``
-    and the sizes from :func:`joint_settings`): the density makes the networks fit the data, the draws' likelihood
-    keeps ``q`` from settling on too narrow a spread, as reverse KL alone does. It starts at the mean-field VI fit
-    (:func:`tasks.vi_posterior`): the chart's source is VI's Gaussian, the flat field gets a per-weight linear term
-    and starts at zero, and the draws are aligned to VI's mean by weight matching (the posterior is
-    symmetric; one mode of it is learned). The seconds include the VI fit.
+    It starts at the mean-field VI fit (:func:`tasks.vi_posterior`): the chart's source is VI's Gaussian, the
+    flat field gets a per-weight linear term and starts at zero, and the draws are aligned to VI's mean by weight
+    matching (the posterior is symmetric; one mode of it is learned). Reverse KL alone then trains the flow
+    (:meth:`WeightFlow.fit_reverse_kl`), and a second, shorter phase at a lower learning rate adds the draws'
+    likelihood: ``KL(q || p) + w * E_draws[-log q]`` (sizes and ``w`` from :func:`joint_settings`). The density
+    makes the networks fit the data; the draws' likelihood widens ``q`` where reverse KL alone leaves it too
+    narrow. The seconds include the VI fit.
     """
     out = _train_joint(task, flow_settings(), joint_settings(), seed)
     return WeightFlow.from_state(out["state"]), float(out["seconds"]), out["losses"]
