@@ -1,8 +1,8 @@
 """Run by tests/test_distributed.py, once as a plain process and once under ``torchrun --nproc-per-node 2``.
 
 ``python tests/dist_worker.py zoo OUT`` trains a tiny breast-cancer zoo (11 runs: blocks of 8 and 3) through
-the cached zoo function and a tiny HMC run (11 chains); ``flow OUT`` trains a flat and a GNN flow for a few
-steps. Rank 0 saves what it got to ``OUT``.
+the cached zoo function, a tiny HMC run (11 chains) and a population of 11 networks of 40 parameters (blocks
+of 6 and 5); ``flow OUT`` trains a flat and a GNN flow for a few steps. Rank 0 saves what it got to ``OUT``.
 """
 import sys
 from dataclasses import replace
@@ -24,8 +24,16 @@ def zoo() -> dict:
     run = hmc(lp, lp.init(11, generator=gen), n_samples=3, n_warmup=3, n_leapfrog=3, step_size=1e-3,
               generator=gen, compute_dtype=torch.float32)
     entries = [str(p) for p in sorted(cache.cache_dir().rglob("*.pt"))]
+    # 40 parameters a network: blocks of 2 networks start on a vector boundary, so 11 split as 6 + 5
+    from wsbook.nets import MLPSpec, train_population
+    spec = MLPSpec((4, 4, 4))
+    x, y = torch.randn(64, 4, generator=gen), torch.randint(0, 4, (64,), generator=gen)
+    fine = train_population(spec, spec.init(11, generator=gen), x, y, steps=12, optimizer="sgd", lr=0.05,
+                            momentum=0.9, batch_size=8, checkpoint_every=4, generator=gen, progress=False)
+    sizes = distributed.shard_sizes(11, granule=distributed.granule_for(4 * spec.n_params))
     return {"theta": z["theta"], "run": z["run"], "step": z["step"], "hmc": run.samples,
-            "hmc_step_size": run.step_size, "entries": entries}
+            "hmc_step_size": run.step_size, "entries": entries, "fine": fine.checkpoints,
+            "fine_sizes": torch.tensor(sizes)}
 
 
 def flow() -> dict:
@@ -51,6 +59,7 @@ def flow() -> dict:
 
 if __name__ == "__main__":
     mode, path = sys.argv[1], sys.argv[2]
+    distributed.GATHER_PIECE_BYTES = 1000     # gather in many pieces, the last one partial
     distributed.init()
     result = {"zoo": zoo, "flow": flow}[mode]()
     result["world"] = distributed.world_size()

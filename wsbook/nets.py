@@ -660,8 +660,9 @@ def train_population(
             activation holds about 4M numbers; ``None`` never chunks.
         shard: under ``torchrun`` (:mod:`wsbook.distributed`), split the members over the processes and
             gather them back: every process draws the whole population's minibatch orders and trains its
-            own block, so the result equals the single-process run bit for bit (on CPUs). ``None``: shard
-            whenever a process group is running and every process gets a block (:func:`wsbook.distributed.splits`).
+            own block (starting on a vector boundary of the weights, :func:`wsbook.distributed.granule_for`),
+            so the result equals the single-process run bit for bit (on CPUs). ``None``: shard whenever a process
+            group is running and every process gets a block (:func:`wsbook.distributed.splits`).
 
     Raises:
         ValueError: for a non-positive ``steps``, ``batch_size`` or ``checkpoint_every``, or mismatched data.
@@ -675,8 +676,10 @@ def train_population(
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"x has {x.shape[0]} examples but y has {y.shape[0]}")
     B, N = theta0.shape[0], x.shape[0]
-    split = shard is not False and distributed.splits(B)
-    rows = distributed.shard(B) if split else slice(0, B)
+    # blocks start on a vector boundary of the [B, D] leaf, so the fused optimizer rounds as in the whole
+    granule = distributed.granule_for(theta0.shape[1] * theta0.element_size())
+    split = shard is not False and distributed.splits(B, granule=granule)
+    rows = distributed.shard(B, granule=granule) if split else slice(0, B)
     config.tune_allocator()   # keep activation buffers between steps (a process-wide glibc setting)
     param = theta0[rows].detach().clone().requires_grad_(True)
     opt = make_optimizer([param], optimizer, lr=lr, weight_decay=weight_decay, momentum=momentum)
