@@ -367,3 +367,25 @@ def test_compare_learned_alignment_runs_the_methods_asked_for():
     assert (naive[12] - naive[0]).abs() > 1e-3    # the unaligned path does change the loss
     with pytest.raises(ValueError, match="unknown methods"):
         alignment.compare_learned_alignment(aligner, a, b, x, y, x, y, methods=("canonical",))
+
+
+def test_compare_learned_alignment_runs_on_cnns_through_the_same_code():
+    from wsbook import symmetry as S
+    from wsbook.experiments import alignment
+    from wsbook.graphs.align import LearnedAligner
+    from wsbook.nets import CNNSpec
+
+    spec = CNNSpec(1, (4, 3), kernel_size=3, n_classes=3)
+    gen = torch.Generator().manual_seed(0)
+    a = 0.5 * torch.randn(2, spec.n_params, generator=gen)
+    b = S.permute(spec, a, S.random_permutation(spec, 2, gen))     # same functions, permuted channels
+    x, y = torch.randn(32, 1, 5, 5, generator=gen), torch.randint(0, 3, (32,), generator=gen)
+    torch.manual_seed(0)
+    aligner = LearnedAligner(spec, dim=8, n_layers=1, layer="relational_transformer")
+    methods = ("naive", "weight_matching", "activation_matching", "sinkhorn", "learned", "learned_sinkhorn")
+    res = alignment.compare_learned_alignment(aligner, a, b, x, y, x, y, methods=methods, sinkhorn_steps=5)
+    assert tuple(res) == methods
+    for m in ("learned", "weight_matching", "activation_matching"):   # an exact copy is found again
+        assert abs(res[m]["barrier"]) < 1e-5, m
+    assert res["learned_sinkhorn"]["seconds_per_pair"] >= res["learned"]["seconds_per_pair"]
+    assert (res["naive"]["curve"][12] - res["naive"]["curve"][0]).abs() > 1e-3

@@ -382,10 +382,13 @@ def compare_learned_alignment(aligner: LearnedAligner, theta_a: Tensor, theta_b:
     weight matching started from the learned aligner (``learned_wm``: coordinate descent from the learned
     permutations only).
 
-    See chapter 6, "Experiment 2: learned alignment" and "Out of distribution".
+    Every method reads the architecture from ``aligner.spec`` through its symmetry spec, so MLPs and CNNs
+    (``x_fit`` and ``x_eval`` then images ``[N, C, H, W]``) go through the same code.
+
+    See chapter 6, "Experiment 2: learned alignment", "Out of distribution" and "Convolutional networks".
 
     Args:
-        aligner: a trained :class:`wsbook.graphs.align.LearnedAligner`.
+        aligner: a trained :class:`wsbook.graphs.align.LearnedAligner` (of an MLP or a CNN).
         theta_a: reference networks ``[B, D]``.
         theta_b: networks aligned to them ``[B, D]``.
         x_fit: inputs of activation matching and of Sinkhorn's interpolation loss.
@@ -452,7 +455,7 @@ ALIGNER_OBJECTIVES = {"supervised": (1.0, 0.0), "interpolation": (0.0, 1.0), "bo
 
 
 @cached("align/objectives", version=1)
-def aligner_objectives(spec: MLPSpec, fit_nets: Tensor, theta_a: Tensor, theta_b: Tensor, x_fit: Tensor,
+def aligner_objectives(spec: NetSpec, fit_nets: Tensor, theta_a: Tensor, theta_b: Tensor, x_fit: Tensor,
                        y_fit: Tensor, x_eval: Tensor, y_eval: Tensor, *,
                        objectives: Sequence[str] = ("supervised", "interpolation"), dim: int = 16,
                        n_layers: int = 2, layer: str = "relational_transformer", init_seed: int = 0,

@@ -7,6 +7,12 @@ Training relaxes ``S_l`` to a doubly stochastic matrix with Sinkhorn; at test ti
 hardens it. Because the embedding is equivariant, permuting ``b``'s neurons permutes the columns of
 ``S_l``, so the predicted alignment follows the planted permutation exactly.
 
+Nothing here is specific to MLPs: the neural graph (:class:`wsbook.graphs.NeuralGraph`) and the symmetry
+spec (:func:`wsbook.symmetry.symmetry_spec`) describe an :class:`~wsbook.nets.MLPSpec` and a
+:class:`~wsbook.nets.CNNSpec` alike, so for a CNN the nodes are channels, the edges carry whole kernels,
+the scores match the hidden channels of the two networks, and the interpolation loss runs the
+convolutions (see chapter 6, "Convolutional networks").
+
 Training combines the two losses of paper ``001``: recovering planted permutations of noisy copies
 (supervised), and the task loss at the midpoint of ``a`` and the softly aligned ``b`` (the
 interpolation / LMC loss, unsupervised); either can be switched off to train on the other alone.
@@ -19,13 +25,16 @@ import torch
 from torch import Tensor, nn
 
 from wsbook.graphs.models import WeightSpaceGNN
-from wsbook.nets import MLPSpec, per_member_loss
+from wsbook.graphs.neural_graph import Spec
+from wsbook.nets import per_member_loss
 
 
 class LearnedAligner(nn.Module):
-    """Pairs ``(theta_a, theta_b)`` ``[B, D]`` -> per hidden layer scores ``[B, w, w]`` (row: neuron of ``a``)."""
+    """Pairs ``(theta_a, theta_b)`` ``[B, D]`` -> per hidden layer scores ``[B, w, w]`` (row: neuron, or
+    channel of a CNN, of ``a``), for any spec with a neural graph (:class:`~wsbook.nets.MLPSpec`,
+    :class:`~wsbook.nets.CNNSpec`)."""
 
-    def __init__(self, spec: MLPSpec, dim: int = 32, n_layers: int = 2, layer: str = "pna"):
+    def __init__(self, spec: Spec, dim: int = 32, n_layers: int = 2, layer: str = "pna"):
         super().__init__()
         self.spec = spec
         self.gnn = WeightSpaceGNN(spec, layer, dim=dim, n_layers=n_layers, head="invariant", out_dim=1)
@@ -60,7 +69,7 @@ class LearnedAligner(nn.Module):
 def fit_aligner(model: LearnedAligner, zoo: Tensor, x: Tensor, y: Tensor, *, steps: int = 300, batch_size: int = 16,
                 lr: float = 1e-3, noise: float | tuple[float, float] = 0.02, lmc_weight: float = 1.0,
                 supervised_weight: float = 1.0, lmc_at: str = "midpoint", n_iter: int = 20,
-                seed: int = 0) -> Tensor:
+                data_batch: int = 256, seed: int = 0) -> Tensor:
     """Train on random pairs of ``zoo`` networks: ``supervised_weight`` times the cross-entropy of the
     Sinkhorn matrix against the planted permutation of a noisy copy, plus ``lmc_weight`` times the task loss
     of ``(1 - lam) a + lam P(b)`` on a data batch (paper ``001``, eq. 6-7). Returns the per-step losses
@@ -75,12 +84,16 @@ def fit_aligner(model: LearnedAligner, zoo: Tensor, x: Tensor, y: Tensor, *, ste
             (noise comparable to the weights) make the planted task resemble aligning independently
             trained networks, which the equivariance alone does not solve.
         lmc_at: ``"midpoint"`` (``lam = 1/2``) or ``"uniform"`` (``lam ~ U(0, 1)`` per pair, as in the paper).
+        data_batch: inputs drawn for the interpolation loss at every step (at most all of ``x``); for CNNs
+            the convolutions of this batch dominate a step's cost.
     """
     if lmc_at not in ("midpoint", "uniform"):
         raise ValueError(f"lmc_at must be 'midpoint' or 'uniform'; got {lmc_at!r}")
     if min(lmc_weight, supervised_weight) < 0 or lmc_weight == supervised_weight == 0:
         raise ValueError(f"lmc_weight and supervised_weight must be >= 0 and not both 0; got {lmc_weight} "
                          f"and {supervised_weight}")
+    if data_batch < 1:
+        raise ValueError(f"data_batch must be a positive number of inputs; got {data_batch}")
     low, high = (noise, noise) if isinstance(noise, (int, float)) else noise
     if not 0 <= low <= high:
         raise ValueError(f"noise must be a std >= 0 or a range (low, high) with 0 <= low <= high; got {noise!r}")
@@ -107,7 +120,7 @@ def fit_aligner(model: LearnedAligner, zoo: Tensor, x: Tensor, y: Tensor, *, ste
             for s, t in zip(model.scores(a, planted), target))
         # unsupervised: the midpoint of a and the softly aligned b should fit the data
         lam = torch.rand(batch_size, 1, generator=gen) if lmc_at == "uniform" else torch.full((batch_size, 1), 0.5)
-        rows = torch.randint(0, x.shape[0], (min(256, x.shape[0]),), generator=gen).to(x.device)
+        rows = torch.randint(0, x.shape[0], (min(data_batch, x.shape[0]),), generator=gen).to(x.device)
         lmc = nan
         if lmc_weight > 0:
             P = [sinkhorn(s, n_iter) for s in model.scores(a, b)]
