@@ -241,6 +241,15 @@ def test_flat_field_diagonal_term_starts_as_the_same_field_and_survives_the_stat
     assert "diagonal" not in field.config()                # configs of plain fields are unchanged
 
 
+def test_flat_field_zeroed_is_zero_everywhere():
+    spec = MLPSpec((3, 4, 2))
+    field = FlatField(spec, hidden=16, depth=2, diagonal=True)
+    nn.init.normal_(field.diagonal)
+    t, x = torch.rand(5), torch.randn(5, spec.n_params, generator=gen(0))
+    assert field(t, x).abs().max() > 0
+    assert field.zero_() is field and torch.equal(field(t, x), torch.zeros_like(x))
+
+
 def test_euclidean_chart_with_a_per_weight_gaussian_source():
     """A mean-field source N(loc, diag(sigma^2)): its samples, its exact log-density, its config round trip."""
     spec = MLPSpec((3, 4, 2))

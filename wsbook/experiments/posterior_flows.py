@@ -231,9 +231,7 @@ def _train_joint(task: str, settings: FlowSettings, joint: JointSettings, seed: 
     with config.seeded(7_000 + seed):
         field = posterior_field(t.spec, settings)
     if isinstance(field, FlatField):
-        field = field.with_diagonal()
-        torch.nn.init.zeros_(field.net[-1].weight)
-        torch.nn.init.zeros_(field.net[-1].bias)
+        field = field.with_diagonal().zero_()
     flow = WeightFlow(chart, field, coupling="ot")
     flow.set_scale(chart.to_points(ref.theta))
     gen = torch.Generator().manual_seed(8_000 + seed)

@@ -167,6 +167,15 @@ class FlatField(TimeMLP):
         new.load_state_dict({k: v for k, v in self.state_dict().items() if k != "diagonal"}, strict=False)
         return new
 
+    def zero_(self) -> "FlatField":
+        """Zero the output layer (and the per-weight term, if any), in place: the field is then zero
+        everywhere, so a flow starts as its source (e.g. a variational fit) and training only corrects it."""
+        nn.init.zeros_(self.net[-1].weight)
+        nn.init.zeros_(self.net[-1].bias)
+        if self.diagonal is not None:
+            nn.init.zeros_(self.diagonal)
+        return self
+
     def config(self) -> dict:
         return {"kind": "flat", "widths": list(self.spec.widths), "activation": self.spec.activation, **self.kwargs}
 
