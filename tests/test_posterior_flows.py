@@ -122,3 +122,41 @@ def test_joint_flow_starts_at_vi_and_trains_on_draws_and_density(monkeypatch):
     assert abs(float(log_w.mean() - t.log_posterior()(x).mean()) - float(gaussian_entropy(q.std[0]))) < 5
     se = float(log_w.std()) / 16
     assert abs(float(losses[0, 0]) + float(log_w.mean())) < 6 * se, (losses[0], log_w.mean(), se)
+
+
+def test_repeated_distances_tell_a_close_sampler_from_a_shifted_one(monkeypatch):
+    """Sets of a sampler of the held-out run's own distribution sit at MMD^2 ~ 0; a shifted one far above it,
+    by many standard errors; the summary's standard error is the std over sets over sqrt(sets)."""
+    from types import SimpleNamespace
+
+    n_test, c = 20, 2
+
+    def probs(m, shift, g):
+        p = torch.sigmoid(torch.randn(m, n_test, generator=g) + shift)
+        return torch.stack([p, 1 - p], -1)
+
+    refs = {s: SimpleNamespace(probs=probs(400, 0.0, torch.Generator().manual_seed(10 + s)), spec=None)
+            for s in (0, 1)}
+    monkeypatch.setattr(pf.targets, "hmc_reference", lambda task, seed: refs[seed])
+    monkeypatch.setattr(pf.targets, "predictive_probs", lambda spec, theta, x: theta)   # "networks" are outputs
+    samplers = {"same": lambda n, g: probs(n, 0.0, g), "shifted": lambda n, g: probs(n, 1.5, g)}
+    per_set = pf.repeated_distances("breast_cancer", samplers, n=64, repeats=4)
+    assert per_set.shape == (8, 2) and list(per_set.index[:2]) == [("same", 0), ("same", 1)]
+    s = pf.summarise_repeats(per_set)
+    same, shifted = s.loc["same"], s.loc["shifted"]
+    assert abs(same[("mmd2_run1", "mean")]) < 0.02
+    assert shifted[("mmd2_run1", "mean")] - same[("mmd2_run1", "mean")] > 10 * shifted[("mmd2_run1", "se")]
+    assert shifted[("tv_run1", "mean")] > 3 * same[("tv_run1", "mean")]
+    assert same[("tv_run1", "se")] == pytest.approx(same[("tv_run1", "std")] / 2)
+    with pytest.raises(ValueError, match="at least 2 sets"):
+        pf.repeated_distances("breast_cancer", samplers, n=64, repeats=1)
+
+
+def test_compare_means_needs_more_than_the_noise():
+    import pandas as pd
+
+    cols = pd.MultiIndex.from_tuples([("tv", "mean"), ("tv", "se")])
+    s = pd.DataFrame([[1.0, 0.1], [1.5, 0.1], [1.1, 0.1]], index=["a", "b", "c"], columns=cols)
+    assert pf.compare_means(s, "a", "b", "tv") == "closer"
+    assert pf.compare_means(s, "b", "a", "tv") == "farther"
+    assert pf.compare_means(s, "a", "c", "tv") == "level"          # 0.1 apart, 0.14 standard error

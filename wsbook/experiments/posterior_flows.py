@@ -411,6 +411,84 @@ def methods_table(task: str, n: int, flows: dict[str, tuple[Tensor, float]], see
     return table
 
 
+def repeated_distances(task: str, samplers: dict, n: int, repeats: int, seed: int = 0):
+    """The two distances of :func:`methods_table` to the held-out HMC run (TV of the model average,
+    ``tv_run1``; function-space MMD², ``mmd2_run1``, with the same bandwidth) for ``repeats`` independent sets
+    of ``n`` networks from each sampler. One set decides nothing when two methods are close: the distances
+    of ``n`` networks scatter by about as much as they differ.
+
+    Args:
+        task: the task of the HMC reference.
+        samplers: ``{name: draw}`` with ``draw(n, generator) -> networks [n, D]``.
+        n, repeats: networks per set and sets per sampler (set ``i`` of every sampler from seed ``i``).
+        seed: the bandwidth's seed, as in :func:`methods_table`.
+
+    Returns:
+        A DataFrame with one row per sampler and set (index ``(name, i)``) and columns ``tv_run1`` and
+        ``mmd2_run1``; :func:`summarise_repeats` gives means and standard errors.
+    """
+    import pandas as pd
+    from wsbook.experiments.tasks import get_task
+
+    if repeats < 2 or n < 2:
+        raise ValueError(f"repeated_distances: needs at least 2 sets of 2 networks; got {repeats} of {n}")
+    ref0, ref1 = targets.hmc_reference(task, 0), targets.hmc_reference(task, 1)
+    x = get_task(task).data().x_test
+    h = median_bandwidth(ref0.probs, ref1.probs, generator=torch.Generator().manual_seed(seed))
+    p1 = ref1.probs.mean(0)
+    rows = {}
+    for name, draw in samplers.items():
+        for i in range(repeats):
+            with torch.no_grad():
+                probs = targets.predictive_probs(ref0.spec, draw(n, torch.Generator().manual_seed(i)), x)
+            rows[(name, i)] = {"tv_run1": float(M.total_variation(probs.mean(0), p1)),
+                               "mmd2_run1": float(mmd2(probs, ref1.probs, bandwidth=h))}
+    return pd.DataFrame(rows).T
+
+
+def summarise_repeats(per_set):
+    """Mean, standard deviation and standard error over the sets of :func:`repeated_distances`, one row per
+    sampler and one column per ``(distance, statistic)``."""
+    g = per_set.astype(float).groupby(level=0, sort=False)
+    out = g.agg(["mean", "std"])
+    for col in per_set.columns:
+        out[(col, "se")] = out[(col, "std")] / math.sqrt(g.size().iloc[0])
+    return out.sort_index(axis=1)
+
+
+#: the rows of :func:`repeated_comparison`: the flows trained on the density and their closest rival
+DENSITY_FLOWS = ("flow, draws + density", "euclidean flow + reverse KL")
+
+
+def repeat_count() -> int:
+    """Sets per sampler in :func:`repeated_comparison` at the current scale."""
+    return config.by_scale(3, 8, 8)
+
+
+def repeated_comparison(task: str = "breast_cancer", n: int | None = None, repeats: int | None = None):
+    """:func:`summarise_repeats` of :func:`repeated_distances` for the flows trained on the posterior density
+    (:data:`DENSITY_FLOWS`: :func:`posterior_flow_joint`, :func:`posterior_flow_kl`) and for mean-field VI
+    (:func:`tasks.vi_posterior`, the fit behind the methods table's row), each in ``repeats`` sets (default
+    :func:`repeat_count`) of ``n`` networks (default: the methods table's size)."""
+    from wsbook.experiments.tasks import posterior_sample_size, vi_posterior
+
+    n = posterior_sample_size() if n is None else n
+    joint, kl, vi = posterior_flow_joint(task)[0], posterior_flow_kl(task)[0], vi_posterior(task)
+    samplers = {DENSITY_FLOWS[0]: lambda m, g: sample_flow(joint, m, g)[0],
+                DENSITY_FLOWS[1]: lambda m, g: sample_flow(kl, m, g)[0],
+                "vi": lambda m, g: vi.sample(m, g).samples.detach()}
+    return summarise_repeats(repeated_distances(task, samplers, n, repeat_count() if repeats is None else repeats))
+
+
+def compare_means(summary, a: str, b: str, column: str, z: float = 2.0) -> str:
+    """``"closer"``, ``"farther"`` or ``"level"``: whether row ``a`` of a :func:`summarise_repeats` table is
+    below row ``b`` in ``column`` by more than ``z`` standard errors of the difference, above it by as much,
+    or neither."""
+    diff = summary.loc[a, (column, "mean")] - summary.loc[b, (column, "mean")]
+    se = math.hypot(summary.loc[a, (column, "se")], summary.loc[b, (column, "se")])
+    return "closer" if diff < -z * se else "farther" if diff > z * se else "level"
+
+
 def memorisation(flow: WeightFlow, points: Tensor, task: str = "breast_cancer") -> dict:
     """Median nearest-neighbour distance (in the flow's chart) from the flow's samples ``points`` to its
     training draws (HMC run 0), beside the same for as many draws of the independent run 1: a flow that
