@@ -95,3 +95,21 @@ def test_wasserstein2_translation_and_permutation():
     assert float(dist.wasserstein2(torch.cat([x, x]), x)) == pytest.approx(0.0, abs=1e-6)
     with pytest.raises(ValueError, match="weights"):
         dist.wasserstein2(x, x, a=torch.ones(60))
+
+
+def test_distances_to_mean_flatten_probabilities_and_tell_a_shell_from_a_cloud():
+    from wsbook.bayes.distances import distances_to_mean
+
+    ref = torch.tensor([[[0.2, 0.8], [1.0, 0.0]], [[0.4, 0.6], [0.0, 1.0]]])        # mean [[.3,.7],[.5,.5]]
+    d = distances_to_mean(ref[:1], ref)
+    assert d.dtype == torch.float64 and d.shape == (1,)
+    assert d.item() == pytest.approx((2 * 0.1 ** 2 + 2 * 0.5 ** 2) ** 0.5)
+    # a shell of radius 1 and a Gaussian cloud of the same mean square radius in 50 dimensions: same average
+    # spread, different quantiles
+    g = torch.Generator().manual_seed(0)
+    cloud = torch.randn(4000, 50, generator=g) / 50 ** 0.5
+    shell = cloud / cloud.norm(dim=1, keepdim=True)
+    ds, dc = distances_to_mean(shell, shell), distances_to_mean(cloud, shell)
+    assert ds.std() < 0.05 < dc.std()
+    with pytest.raises(ValueError, match="feature sizes"):
+        distances_to_mean(cloud, shell[:, :3])

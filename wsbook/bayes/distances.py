@@ -134,6 +134,16 @@ def diversity(probs: Tensor) -> Tensor:
     return (d.sum() - d.diagonal().sum()) / (n * (n - 1))
 
 
+def distances_to_mean(x: Tensor, reference: Tensor) -> Tensor:
+    """Euclidean distance of every member of ``x`` to the mean of ``reference`` (networks as feature rows, see
+    :func:`as_features`; for probabilities ``[n, N, C]``: the distance of each network's predictions to the
+    reference set's mean prediction): ``[n]`` in float64. Its quantiles show the shape that one MMD number
+    hides: a sampler with the reference's spread on average can still put too many members near the mean
+    and too many far out."""
+    x, y = _pair(x, reference)
+    return (x.to(torch.float64) - y.to(torch.float64).mean(0)).norm(dim=1)
+
+
 def nearest_neighbour_distances(query: Tensor, reference: Tensor, exclude_self: bool = False,
                                 max_elements: int = 2 ** 24) -> Tensor:
     """Euclidean distance from every row of ``query [n, D]`` to its nearest row of ``reference [m, D]``:
