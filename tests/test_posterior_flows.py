@@ -160,3 +160,24 @@ def test_compare_means_needs_more_than_the_noise():
     assert pf.compare_means(s, "a", "b", "tv") == "closer"
     assert pf.compare_means(s, "b", "a", "tv") == "farther"
     assert pf.compare_means(s, "a", "c", "tv") == "level"          # 0.1 apart, 0.14 standard error
+
+
+def test_hmc_polish_moves_networks_towards_the_posterior(monkeypatch):
+    """A transition from the prior raises the posterior density; zero transitions return the start. The
+    step size and leapfrog count come from the reference run's diagnostics (faked here: no HMC run)."""
+    from types import SimpleNamespace
+
+    from wsbook.experiments.tasks import get_task
+
+    fake = SimpleNamespace(diagnostics={"n_leapfrog": 30, "step_size": 0.005})
+    monkeypatch.setattr(pf.targets, "hmc_reference", lambda task, seed: fake)
+    lp = get_task("breast_cancer").log_posterior()
+    g = torch.Generator().manual_seed(0)
+    start = pf.prior_draws("breast_cancer", 8, g)
+    assert pf.hmc_polish("breast_cancer", start, 0) is start
+    moved = pf.hmc_polish("breast_cancer", start, 2, g)
+    assert moved.shape == start.shape and moved.dtype == start.dtype
+    with torch.no_grad():
+        assert lp(moved).mean() > lp(start).mean() + 10
+    with pytest.raises(ValueError, match="trajectories"):
+        pf.hmc_polish("breast_cancer", start, -1)

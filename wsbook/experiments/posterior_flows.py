@@ -480,6 +480,46 @@ def repeated_comparison(task: str = "breast_cancer", n: int | None = None, repea
     return summarise_repeats(repeated_distances(task, samplers, n, repeat_count() if repeats is None else repeats))
 
 
+def hmc_polish(task: str, networks: Tensor, trajectories: int, generator: torch.Generator | None = None) -> Tensor:
+    """``networks [n, D]`` each moved by ``trajectories`` Metropolis-corrected HMC transitions on the task's
+    posterior (one chain per network, no warm-up), with the step size and leapfrog count of the reference run
+    (``hmc_reference(task, 0)``): a sampler's draws used as starting points of short exact chains."""
+    from wsbook.bayes.mcmc import hmc
+    from wsbook.experiments.tasks import get_task
+
+    if trajectories < 0:
+        raise ValueError(f"hmc_polish: trajectories must be >= 0; got {trajectories}")
+    if trajectories == 0:
+        return networks
+    d = targets.hmc_reference(task, 0).diagnostics
+    run = hmc(get_task(task).log_posterior(), networks, n_samples=1, n_warmup=0, n_leapfrog=int(d["n_leapfrog"]),
+              step_size=float(d["step_size"]), thin=trajectories, compute_dtype=torch.float32, generator=generator,
+              progress=False)
+    return run.samples.to(networks.dtype)
+
+
+def polished_comparison(task: str = "breast_cancer", trajectories: tuple[int, ...] = (0, 1, 3),
+                        n: int | None = None, repeats: int | None = None):
+    """:func:`repeated_comparison`'s distances for the flow trained on draws and density, mean-field VI and the
+    prior, each followed by ``k`` HMC transitions (:func:`hmc_polish`) for every ``k`` in ``trajectories``
+    (rows ``"<start> +k"``), with a column ``gradients`` (full-data gradient evaluations per network) beside
+    HMC's per effective sample (row ``"hmc per effective sample"``)."""
+    from wsbook.experiments.tasks import posterior_sample_size, vi_posterior
+
+    n = posterior_sample_size() if n is None else n
+    joint, vi = posterior_flow_joint(task)[0], vi_posterior(task)
+    starts = {DENSITY_FLOWS[0]: lambda m, g: sample_flow(joint, m, g)[0],
+              "vi": lambda m, g: vi.sample(m, g).samples.detach(),
+              "prior draws": lambda m, g: prior_draws(task, m, g)}
+    samplers = {f"{name} +{k}": (lambda m, g, s=start, k=k: hmc_polish(task, s(m, g), k, g))
+                for name, start in starts.items() for k in trajectories}
+    out = summarise_repeats(repeated_distances(task, samplers, n, repeat_count() if repeats is None else repeats))
+    d = targets.hmc_reference(task, 0).diagnostics
+    out[("gradients", "per network")] = [int(name.rsplit("+", 1)[1]) * int(d["n_leapfrog"]) for name in out.index]
+    out.loc["hmc per effective sample", ("gradients", "per network")] = d["gradient_evaluations"] / d["ess_median"]
+    return out
+
+
 def compare_means(summary, a: str, b: str, column: str, z: float = 2.0) -> str:
     """``"closer"``, ``"farther"`` or ``"level"``: whether row ``a`` of a :func:`summarise_repeats` table is
     below row ``b`` in ``column`` by more than ``z`` standard errors of the difference, above it by as much,
