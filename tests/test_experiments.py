@@ -365,6 +365,12 @@ def test_compare_learned_alignment_runs_the_methods_asked_for():
         assert abs(res[m]["barrier"]) < 1e-5 and res[m]["curve"].shape == (25,), m
     naive = res["naive"]["curve"]
     assert (naive[12] - naive[0]).abs() > 1e-3    # the unaligned path does change the loss
+    # per-pair barriers, and their paired difference: the exact copies' zero against the naive ones
+    assert res["naive"]["barriers"].shape == (3,)
+    assert res["naive"]["barriers"].mean().item() == pytest.approx(res["naive"]["barrier"])
+    diff = alignment.paired_difference(res, "naive", "learned")
+    assert diff["pairs"] == 3 and diff["se"] >= 0
+    assert diff["mean"] == pytest.approx(res["naive"]["barrier"] - res["learned"]["barrier"])
     with pytest.raises(ValueError, match="unknown methods"):
         alignment.compare_learned_alignment(aligner, a, b, x, y, x, y, methods=("canonical",))
 

@@ -401,8 +401,8 @@ def compare_learned_alignment(aligner: LearnedAligner, theta_a: Tensor, theta_b:
 
     Returns:
         Per method the test-loss ``barrier`` and ``auc`` (means over pairs), ``seconds_per_pair`` (wall
-        clock of the whole batch divided by the pairs; a refinement includes the method it starts from) and
-        the mean ``curve``.
+        clock of the whole batch divided by the pairs; a refinement includes the method it starts from), the
+        mean ``curve`` and the per-pair ``barriers`` (see :func:`paired_difference`).
     """
     unknown = set(methods) - set(LEARNED_ALIGNMENT_METHODS)
     if unknown:
@@ -446,9 +446,20 @@ def compare_learned_alignment(aligner: LearnedAligner, theta_a: Tensor, theta_b:
     out = {}
     for name in methods:
         curve = interpolation_curve(spec, theta_a, aligned[name], x_eval, y_eval)
-        out[name] = {"barrier": barrier(curve).mean().item(), "auc": auc(curve).mean().item(),
-                     "seconds_per_pair": seconds[name], "curve": curve["loss"].mean(0)}
+        per_pair = barrier(curve)
+        out[name] = {"barrier": per_pair.mean().item(), "auc": auc(curve).mean().item(),
+                     "seconds_per_pair": seconds[name], "curve": curve["loss"].mean(0), "barriers": per_pair}
     return out
+
+
+def paired_difference(comparison: dict, a: str, b: str) -> dict[str, float]:
+    """Mean and standard error over pairs of ``barrier(a) - barrier(b)`` for two methods of one
+    :func:`compare_learned_alignment` (the same pairs): the noise against which a ratio of mean barriers
+    is read. Returns ``{"mean", "se", "pairs"}``."""
+    d = comparison[a]["barriers"] - comparison[b]["barriers"]
+    if d.numel() < 2:
+        raise ValueError(f"paired_difference needs at least 2 pairs; got {d.numel()}")
+    return {"mean": float(d.mean()), "se": float(d.std() / d.numel() ** 0.5), "pairs": int(d.numel())}
 
 
 ALIGNER_OBJECTIVES = {"supervised": (1.0, 0.0), "interpolation": (0.0, 1.0), "both": (1.0, 1.0)}
