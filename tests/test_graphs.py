@@ -433,3 +433,103 @@ def test_learned_aligner_on_a_cnn_trains_and_recovers_planted_channels():
     assert untrained < 0.9 and trained >= 0.95, (untrained, trained)
     with pytest.raises(ValueError, match="data_batch"):
         fit_aligner(aligner, zoo, x, y, steps=1, data_batch=0)
+
+
+# ------------------------------------------------------------------ the canonicalizing autoencoder on CNNs
+SMALL_CNN = CNNSpec(1, (4, 4), n_classes=10)
+
+
+def _cnn_orbit_member(spec, theta, seed=3):
+    """A random permutation and positive scaling of every hidden channel (same functions for ReLU)."""
+    gen = torch.Generator().manual_seed(seed)
+    moved = symmetry.permute(spec, theta, symmetry.random_permutation(spec, theta.shape[0], gen))
+    scales = [torch.rand(theta.shape[0], w, generator=gen) * 2 + 0.5 for w in spec.channels]
+    return symmetry.scale(spec, moved, scales)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_cnn_autoencoder_shapes_and_orbit_invariance():
+    from wsbook.graphs.inr import WeightAutoencoder
+
+    theta = SMALL_CNN.init(3, generator=torch.Generator().manual_seed(0), device="cpu")
+    moved = _cnn_orbit_member(SMALL_CNN, theta)
+    x = torch.rand(5, 1, 8, 8)
+    torch.testing.assert_close(SMALL_CNN.forward(moved, x), SMALL_CNN.forward(theta, x), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(moved, theta)
+    torch.manual_seed(0)
+    ae = WeightAutoencoder(SMALL_CNN, dim=8, n_layers=2, latent=6, decoder_hidden=16).eval()
+    assert ae.encoder(theta).shape == (3, 6) and ae(theta).shape == (3, SMALL_CNN.n_params)
+    # one code, hence one decoded network, for every member of an orbit
+    torch.testing.assert_close(ae(moved), ae(theta), atol=1e-5, rtol=1e-5)
+    # without the scale canonicalization only permutations leave the code unchanged
+    perm_only = WeightAutoencoder(SMALL_CNN, dim=8, n_layers=2, latent=6, decoder_hidden=16,
+                                  canonicalize=False).eval()
+    permuted = symmetry.permute(SMALL_CNN, theta,
+                                symmetry.random_permutation(SMALL_CNN, 3, torch.Generator().manual_seed(4)))
+    torch.testing.assert_close(perm_only(permuted), perm_only(theta), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(perm_only.encoder(moved), perm_only.encoder(theta), atol=1e-3)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_cnn_autoencoder_kl_loss_decreases_and_metrics():
+    from wsbook.graphs.inr import WeightAutoencoder, fit_autoencoder, reconstruction_accuracy
+
+    theta = SMALL_CNN.init(8, generator=torch.Generator().manual_seed(1), device="cpu")
+    x = torch.rand(48, 1, 8, 8, generator=torch.Generator().manual_seed(2))
+    y = torch.randint(0, 10, (48,), generator=torch.Generator().manual_seed(3))
+    torch.manual_seed(0)
+    ae = WeightAutoencoder(SMALL_CNN, dim=8, n_layers=1, latent=8, decoder_hidden=32)
+    history = fit_autoencoder(ae, theta, inputs=x, temperature=0.5, data_batch=16, epochs=40, lr=3e-3,
+                              batch_size=4)
+    assert history.shape == (40,) and torch.isfinite(history).all()
+    assert history[-5:].mean() < 0.5 * history[:5].mean()
+    out = reconstruction_accuracy(ae, theta, x, y, chunk=3)
+    assert out["accuracy"].shape == out["decoded_accuracy"].shape == (8,)
+    assert out["l1_error"] == pytest.approx((out["accuracy"] - out["decoded_accuracy"]).abs().mean().item())
+
+
+def test_accuracy_agreement_on_a_known_case():
+    from wsbook.graphs.inr import accuracy_agreement
+
+    acc = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    out = accuracy_agreement(acc, torch.tensor([0.15, 0.25, 0.45, 0.35]))
+    assert out["l1_error"] == pytest.approx(0.075)
+    assert out["kendall_tau"] == pytest.approx(4 / 6)       # 5 concordant pairs, 1 discordant
+    assert accuracy_agreement(acc, acc)["kendall_tau"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="accuracy vectors"):
+        accuracy_agreement(acc, acc[:3])
+
+
+def test_autoencoder_bad_input_raises_clear_errors():
+    from wsbook.graphs.inr import WeightAutoencoder, WeightEncoder, fit_autoencoder
+
+    theta = SMALL_CNN.init(2, generator=torch.Generator().manual_seed(0), device="cpu")
+    ae = WeightAutoencoder(SMALL_CNN, dim=4, n_layers=1, latent=2, decoder_hidden=8)
+    x = torch.rand(4, 1, 8, 8)
+    with pytest.raises(ValueError, match="exactly one of images"):
+        fit_autoencoder(ae, theta, epochs=1)
+    with pytest.raises(ValueError, match="exactly one of images"):
+        fit_autoencoder(ae, theta, torch.rand(2, 64), inputs=x, epochs=1)
+    with pytest.raises(ValueError, match="temperature"):
+        fit_autoencoder(ae, theta, inputs=x, temperature=0.0, epochs=1)
+    with pytest.raises(ValueError, match="do not fit"):
+        fit_autoencoder(ae, theta, inputs=torch.rand(4, 3, 8, 8), epochs=1)
+    with pytest.raises(ValueError, match=r"\[B, %d\]" % SMALL_CNN.n_params):
+        fit_autoencoder(ae, theta[:, :-1], inputs=x, epochs=1)
+    with pytest.raises(ValueError, match="no per-neuron scaling"):
+        WeightEncoder(MLPSpec((2, 4, 1), activation="gelu"))
+    with pytest.raises(TypeError, match="MLPSpec or a CNNSpec"):
+        WeightEncoder((2, 4, 1))
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_cnn_checkpoint_zoo_keeps_runs_and_steps():
+    from wsbook.experiments import zoos
+
+    spec = CNNSpec(1, (2,))
+    zoo = zoos.cnn_checkpoint_zoo(spec, 2, steps=4, n_checkpoints=2, lrs=(1e-3, 3e-3), batch_size=8)
+    assert zoo["theta"].shape == (8, spec.n_params) and zoo["test_accuracy"].shape == (8,)
+    assert zoo["step"].tolist() == [2, 2, 4, 4] * 2 and zoo["run"].tolist() == [0, 1, 0, 1, 2, 3, 2, 3]
+    assert zoo["seed"].tolist() == [0, 1] * 4
+    with pytest.raises(ValueError, match="n_checkpoints"):
+        zoos.cnn_checkpoint_zoo(spec, 2, steps=4, n_checkpoints=5)

@@ -136,6 +136,16 @@ TABLES: dict[str, PublishedTable] = {
         ("train_mse", "test_mse"),
         {"scalegmn": (0.0096, 0.0106), "neural_graphs": (0.0068, 0.0135)},
         note="Larger images, larger networks and far longer training than the book's 8x8 digits."),
+    "boufalis2025/cnn_reconstruction": PublishedTable(
+        "boufalis2025symmetry", "Table 2 (the CNN table; the INR table is their Table 1)",
+        "Held-out CNNs of the SmallCNN Zoo (CIFAR-10, three 3x3 convolutions of 16 channels, average pooling) "
+        "and their reconstructions by a symmetry-invariant autoencoder: mean absolute difference of CIFAR-10 "
+        "test accuracy (l1_error) and Kendall's tau between the two accuracy vectors.",
+        ("l1_error", "kendall_tau"),
+        {"scalegmn_relu": (0.0111, 0.9100), "neural_graphs_relu": (0.0142, 0.8914),
+         "scalegmn_tanh": (0.0090, 0.9160), "neural_graphs_tanh": (0.0113, 0.8905)},
+        note="About 6,000 training and 7,500 test networks of CIFAR-10 classifiers with accuracies spread by "
+             "varied hyperparameters; the book's zoo is small CNNs on 8x8 digits, spread by training length."),
     # -------------------------------------------------- flows over weights (thesis 000, arXiv 2504.03710)
     "erdogan2025/breast_cancer": PublishedTable(
         "erdogan2025geometric", "Table 7.1",

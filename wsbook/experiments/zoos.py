@@ -1,7 +1,8 @@
 """The book's trained populations ("zoos"), each cached under an explicit artifact name: independently
 trained classifiers (chapter 5), mean-field posteriors (chapter 5), SIREN pairs of a 2-D shape (chapter 5),
-a digit-classifier zoo over widths, learning rates, seeds and checkpoints (chapter 6) and a zoo of SIRENs
-of digit images (chapter 6). Each returns plain tensors and numbers.
+a digit-classifier zoo over widths, learning rates, seeds and checkpoints (chapter 6), CNN digit classifiers
+with their checkpoints (chapter 6) and a zoo of SIRENs of digit images (chapter 6). Each returns plain tensors
+and numbers.
 """
 from __future__ import annotations
 
@@ -75,6 +76,52 @@ def train_cnn_zoo(spec: CNNSpec, n: int, *, steps: int, lr: float = 3e-3, batch_
     theta0 = spec.init(n, generator=gen)
     return train_population(spec, theta0, digit_images(ds.x_train), ds.y_train, steps=steps, lr=lr,
                             batch_size=batch_size, generator=gen).theta
+
+
+@cached("zoo/cnn_digit_checkpoints", version=1)
+def cnn_checkpoint_zoo(spec: CNNSpec, n_runs: int, *, steps: int, n_checkpoints: int = 4,
+                       lrs: Sequence[float] = (1e-3, 3e-3), batch_size: int = 64, seed: int = 0) -> dict:
+    """A heterogeneous zoo of CNN digit classifiers: ``n_runs`` independent runs per learning rate, each saved
+    at ``n_checkpoints`` evenly spaced training lengths, so accuracies range from barely trained to
+    converged (cached).
+
+    See chapter 6, "Convolutional classifiers" (in "Experiment 3").
+
+    Args:
+        spec: a CNN with one input channel and 10 classes.
+        n_runs: independent runs per learning rate.
+        steps: Adam steps of every run.
+        n_checkpoints: evenly spaced checkpoints kept per run (the last one at ``steps``).
+        lrs: the learning rates.
+        batch_size: minibatch size (each network draws its own minibatches).
+        seed: seeds the initialisations and the minibatch orders.
+
+    Returns:
+        ``theta [M, D]``, ``test_accuracy [M]`` and per network ``lr``, ``step``, ``run`` and ``seed`` (the
+        run's index within its learning rate; checkpoints of one run share ``run`` and ``seed``).
+    """
+    if not isinstance(spec, CNNSpec) or spec.in_channels != 1 or spec.n_classes != 10:
+        raise ValueError(f"cnn_checkpoint_zoo needs a CNNSpec with 1 input channel and 10 classes; got {spec}")
+    if not 1 <= n_checkpoints <= steps:
+        raise ValueError(f"n_checkpoints must be in [1, steps={steps}]; got {n_checkpoints}")
+    ds = data.load("digits")
+    x, x_test = digit_images(ds.x_train), digit_images(ds.x_test)
+    gen = torch.Generator().manual_seed(seed)
+    thetas, meta = [], {"lr": [], "step": [], "run": [], "seed": []}
+    for k, lr in enumerate(lrs):
+        res = train_population(spec, spec.init(n_runs, generator=gen), x, ds.y_train, steps=steps, lr=lr,
+                               batch_size=batch_size, checkpoint_every=steps // n_checkpoints, generator=gen,
+                               desc="zoo")
+        ckpts = res.checkpoints[-n_checkpoints:]                            # [K, n_runs, D]
+        K = ckpts.shape[0]
+        thetas.append(ckpts.reshape(-1, spec.n_params))
+        meta["lr"].append(torch.full((K * n_runs,), lr))
+        meta["step"].append(torch.tensor(res.checkpoint_steps[-K:]).repeat_interleave(n_runs))
+        meta["run"].append(k * n_runs + torch.arange(n_runs).repeat(K))
+        meta["seed"].append(torch.arange(n_runs).repeat(K))
+    theta = torch.cat(thetas)
+    return {"theta": theta, "test_accuracy": accuracy(spec, theta, x_test, ds.y_test),
+            **{k: torch.cat(v) for k, v in meta.items()}}
 
 
 @cached("zoo/variational", version=1)
