@@ -15,6 +15,10 @@ independent run (seed 1), which it never saw:
   yardsticks of what a density estimate of the draws must capture.
 * :func:`methods_table`: the results chapter's methods table (:func:`targets.methods_against_reference`)
   with the flows as extra rows, plus the distances to the held-out HMC run and a memorisation check.
+* :func:`repeated_comparison` (:func:`repeated_distances`, :func:`summarise_repeats`, :func:`compare_means`):
+  the same distances over several independent sets of samples, so that a verdict against VI is not the
+  luck of one set; :func:`polished_comparison` (:func:`hmc_polish`): samples of the flow, VI and the prior
+  as starting points of a few exact HMC transitions.
 * :func:`importance_sampling`: self-normalised importance weights ``p(theta | D) / q(theta)`` of the samples of
   a Euclidean flow (trained on draws, or further on the density; its exact log-density by the change of
   variables), their effective sample size and the reweighted predictive; :func:`elbos`, the flows' and
