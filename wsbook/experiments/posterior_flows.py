@@ -474,14 +474,21 @@ def repeated_comparison(task: str = "breast_cancer", n: int | None = None, repea
     (:data:`DENSITY_FLOWS`: :func:`posterior_flow_joint`, :func:`posterior_flow_kl`) and for mean-field VI
     (:func:`tasks.vi_posterior`, the fit behind the methods table's row), each in ``repeats`` sets (default
     :func:`repeat_count`) of ``n`` networks (default: the methods table's size)."""
-    from wsbook.experiments.tasks import posterior_sample_size, vi_posterior
+    from wsbook.experiments.tasks import posterior_sample_size
 
     n = posterior_sample_size() if n is None else n
+    return summarise_repeats(repeated_distances(task, _density_samplers(task), n,
+                                                repeat_count() if repeats is None else repeats))
+
+
+def _density_samplers(task: str) -> dict:
+    """``{name: draw(n, generator)}`` of the flows trained on the density (:data:`DENSITY_FLOWS`) and of VI."""
+    from wsbook.experiments.tasks import vi_posterior
+
     joint, kl, vi = posterior_flow_joint(task)[0], posterior_flow_kl(task)[0], vi_posterior(task)
-    samplers = {DENSITY_FLOWS[0]: lambda m, g: sample_flow(joint, m, g)[0],
-                DENSITY_FLOWS[1]: lambda m, g: sample_flow(kl, m, g)[0],
-                "vi": lambda m, g: vi.sample(m, g).samples.detach()}
-    return summarise_repeats(repeated_distances(task, samplers, n, repeat_count() if repeats is None else repeats))
+    return {DENSITY_FLOWS[0]: lambda m, g: sample_flow(joint, m, g)[0],
+            DENSITY_FLOWS[1]: lambda m, g: sample_flow(kl, m, g)[0],
+            "vi": lambda m, g: vi.sample(m, g).samples.detach()}
 
 
 def hmc_polish(task: str, networks: Tensor, trajectories: int, generator: torch.Generator | None = None) -> Tensor:
@@ -508,12 +515,11 @@ def polished_comparison(task: str = "breast_cancer", trajectories: tuple[int, ..
     prior, each followed by ``k`` HMC transitions (:func:`hmc_polish`) for every ``k`` in ``trajectories``
     (rows ``"<start> +k"``), with a column ``gradients`` (full-data gradient evaluations per network) beside
     HMC's per effective sample (row ``"hmc per effective sample"``)."""
-    from wsbook.experiments.tasks import posterior_sample_size, vi_posterior
+    from wsbook.experiments.tasks import posterior_sample_size
 
     n = posterior_sample_size() if n is None else n
-    joint, vi = posterior_flow_joint(task)[0], vi_posterior(task)
-    starts = {DENSITY_FLOWS[0]: lambda m, g: sample_flow(joint, m, g)[0],
-              "vi": lambda m, g: vi.sample(m, g).samples.detach(),
+    density = _density_samplers(task)
+    starts = {DENSITY_FLOWS[0]: density[DENSITY_FLOWS[0]], "vi": density["vi"],
               "prior draws": lambda m, g: prior_draws(task, m, g)}
     samplers = {f"{name} +{k}": (lambda m, g, s=start, k=k: hmc_polish(task, s(m, g), k, g))
                 for name, start in starts.items() for k in trajectories}

@@ -25,7 +25,7 @@ from wsbook.graphs.layers import mlp
 from wsbook.graphs.models import WeightSpaceGNN
 from wsbook.graphs.neural_graph import Spec
 from wsbook.graphs.train import fit_minibatches, kendall_tau
-from wsbook.nets import CNNSpec, MLPSpec
+from wsbook.nets import CNNSpec, MLPSpec, accuracy
 from wsbook.symmetry import (flip_signs, permute, random_permutation, random_signs, rescale_neurons,
                              sign_canonicalize, symmetry_spec)
 
@@ -230,9 +230,9 @@ def reconstruction_accuracy(model: WeightAutoencoder, theta: Tensor, x: Tensor, 
     ``(x, y)``: ``{"accuracy": [M], "decoded_accuracy": [M], "l1_error", "kendall_tau"}`` (see
     :func:`accuracy_agreement`). ``chunk`` networks are run at a time."""
     model.eval()
-    decoded = torch.cat([model(theta[s:s + chunk]) for s in range(0, theta.shape[0], chunk)])
-    acc = (_outputs(model.spec, theta, x, chunk).argmax(-1) == y).float().mean(-1)
-    acc_dec = (_outputs(model.spec, decoded, x, chunk).argmax(-1) == y).float().mean(-1)
+    decoded = torch.cat([model(part) for part in theta.split(chunk)])
+    acc, acc_dec = (torch.cat([accuracy(model.spec, part, x, y) for part in t.split(chunk)])
+                    for t in (theta, decoded))
     return {"accuracy": acc, "decoded_accuracy": acc_dec, **accuracy_agreement(acc, acc_dec)}
 
 
