@@ -471,6 +471,28 @@ def test_cnn_autoencoder_shapes_and_orbit_invariance():
 
 
 @pytest.mark.usefixtures("one_thread")
+def test_tanh_cnn_autoencoder_is_sign_invariant():
+    """For tanh CNNs the canonical encoder flips channels (sign_canonicalize): a permuted and sign-flipped
+    copy decodes to the same network; the permutation-only encoder sees the flips."""
+    from wsbook.graphs.inr import WeightAutoencoder
+
+    spec = CNNSpec(1, (4, 4), n_classes=10, activation="tanh")
+    theta = spec.init(3, generator=torch.Generator().manual_seed(0), device="cpu")
+    gen = torch.Generator().manual_seed(3)
+    moved = symmetry.flip_signs(spec, symmetry.permute(spec, theta, symmetry.random_permutation(spec, 3, gen)),
+                                symmetry.random_signs(spec, 3, gen))
+    x = torch.rand(5, 1, 8, 8)
+    torch.testing.assert_close(spec.forward(moved, x), spec.forward(theta, x), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(moved, theta)
+    torch.manual_seed(0)
+    ae = WeightAutoencoder(spec, dim=8, n_layers=2, latent=6, decoder_hidden=16).eval()
+    assert ae.encoder.scaling == "sign"
+    torch.testing.assert_close(ae(moved), ae(theta), atol=1e-5, rtol=1e-5)
+    perm_only = WeightAutoencoder(spec, dim=8, n_layers=2, latent=6, decoder_hidden=16, canonicalize=False).eval()
+    assert not torch.allclose(perm_only.encoder(moved), perm_only.encoder(theta), atol=1e-3)
+
+
+@pytest.mark.usefixtures("one_thread")
 def test_cnn_autoencoder_kl_loss_decreases_and_metrics():
     from wsbook.graphs.inr import WeightAutoencoder, fit_autoencoder, reconstruction_accuracy
 
