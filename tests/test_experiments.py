@@ -379,6 +379,30 @@ def test_compare_learned_alignment_runs_the_methods_asked_for():
         alignment.compare_learned_alignment(aligner, a, b, x, y, x, y, methods=("canonical",))
 
 
+def test_paired_difference_over_every_pair_uses_the_network_jackknife():
+    from wsbook.experiments import alignment
+
+    i, j = alignment.every_pair(6)
+    assert len(i) == 15 and bool((i < j).all())
+    gen = torch.Generator().manual_seed(0)
+    # each network carries its own offset, so pairs sharing a network are correlated
+    offset = torch.randn(6, generator=gen)
+    d = offset[i] + offset[j] + 0.1 * torch.randn(15, generator=gen)
+    res = {"x": {"barriers": d}, "y": {"barriers": torch.zeros(15)}}
+    out = alignment.paired_difference(res, "x", "y", pairs=(i, j))
+    # the jackknife written out: leave each network (and its pairs) out in turn
+    loo = torch.stack([d[(i != k) & (j != k)].mean() for k in range(6)])
+    se = ((5 / 6) * ((loo - loo.mean()) ** 2).sum()).sqrt()
+    assert out["mean"] == pytest.approx(float(d.mean())) and out["pairs"] == 15
+    assert out["se"] == pytest.approx(float(se), rel=1e-5)
+    # the shared networks make the naive standard error too small here
+    assert out["se"] > alignment.paired_difference(res, "x", "y")["se"]
+    with pytest.raises(ValueError, match="distinct networks"):
+        alignment.paired_difference(res, "x", "y", pairs=(i, i))
+    with pytest.raises(ValueError, match="at least 2 networks"):
+        alignment.every_pair(1)
+
+
 def test_compare_learned_alignment_runs_on_cnns_through_the_same_code():
     from wsbook import symmetry as S
     from wsbook.experiments import alignment

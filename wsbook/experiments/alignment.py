@@ -452,14 +452,46 @@ def compare_learned_alignment(aligner: LearnedAligner, theta_a: Tensor, theta_b:
     return out
 
 
-def paired_difference(comparison: dict, a: str, b: str) -> dict[str, float]:
+def paired_difference(comparison: dict, a: str, b: str,
+                      pairs: tuple[Tensor, Tensor] | None = None) -> dict[str, float]:
     """Mean and standard error over pairs of ``barrier(a) - barrier(b)`` for two methods of one
     :func:`compare_learned_alignment` (the same pairs): the noise against which a ratio of mean barriers
-    is read. Returns ``{"mean", "se", "pairs"}``."""
+    is read. Returns ``{"mean", "se", "pairs"}``.
+
+    Disjoint pairs are independent, and the standard error is that of a mean. Pairs drawn from one set of
+    networks (every pair of ``n`` networks, :func:`every_pair`) share networks, so their differences are
+    correlated: pass the networks of each pair as ``pairs = (i, j)`` and the standard error is the
+    delete-one-network jackknife's (every network left out in turn, with all of its pairs)."""
     d = comparison[a]["barriers"] - comparison[b]["barriers"]
     if d.numel() < 2:
         raise ValueError(f"paired_difference needs at least 2 pairs; got {d.numel()}")
-    return {"mean": float(d.mean()), "se": float(d.std() / d.numel() ** 0.5), "pairs": int(d.numel())}
+    if pairs is None:
+        return {"mean": float(d.mean()), "se": float(d.std() / d.numel() ** 0.5), "pairs": int(d.numel())}
+    i, j = (torch.as_tensor(p, device=d.device).long() for p in pairs)
+    if i.shape != d.shape or j.shape != d.shape or bool((i == j).any()):
+        raise ValueError(f"pairs must be two index tensors of {d.numel()} pairs of distinct networks; got "
+                         f"shapes {tuple(i.shape)} and {tuple(j.shape)}")
+    n = int(torch.cat([i, j]).max()) + 1
+    # per network: the sum and count of the differences of its pairs; leaving it out removes exactly those
+    touched = torch.zeros(n, dtype=d.dtype, device=d.device).index_add_(0, i, d).index_add_(0, j, d)
+    count = torch.zeros(n, dtype=d.dtype, device=d.device).index_add_(0, i, torch.ones_like(d))
+    count = count.index_add_(0, j, torch.ones_like(d))
+    used = (count > 0) & (count < d.numel())
+    if int(used.sum()) < 2:
+        raise ValueError("paired_difference: the jackknife needs at least 2 networks whose removal leaves pairs")
+    left_out = (d.sum() - touched[used]) / (d.numel() - count[used])
+    k = left_out.numel()
+    se = ((k - 1) / k * ((left_out - left_out.mean()) ** 2).sum()).sqrt()
+    return {"mean": float(d.mean()), "se": float(se), "pairs": int(d.numel())}
+
+
+def every_pair(n: int) -> tuple[Tensor, Tensor]:
+    """The ``n (n - 1) / 2`` pairs ``(i, j)``, ``i < j``, of ``n`` networks, as two index tensors (for
+    :func:`compare_learned_alignment` on ``theta[i], theta[j]`` and :func:`paired_difference`)."""
+    if n < 2:
+        raise ValueError(f"every_pair needs at least 2 networks; got {n}")
+    i, j = torch.triu_indices(n, n, 1)
+    return i, j
 
 
 ALIGNER_OBJECTIVES = {"supervised": (1.0, 0.0), "interpolation": (0.0, 1.0), "both": (1.0, 1.0)}
