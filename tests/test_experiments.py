@@ -397,6 +397,12 @@ def test_paired_difference_over_every_pair_uses_the_network_jackknife():
     assert out["se"] == pytest.approx(float(se), rel=1e-5)
     # the shared networks make the naive standard error too small here
     assert out["se"] > alignment.paired_difference(res, "x", "y")["se"]
+    words = alignment.difference_verdict(out)
+    assert words.startswith("above" if out["mean"] > 0 else "below") and "15 pairs" in words
+    assert alignment.difference_verdict({"mean": -0.5, "se": 0.1, "pairs": 9}).endswith(
+        "beyond two standard errors")
+    assert alignment.difference_verdict({"mean": 0.1, "se": 0.1, "pairs": 9}, "Sinkhorn") == (
+        "above Sinkhorn by 0.100 ± 0.100 per pair (mean ± standard error over 9 pairs), within two standard errors")
     with pytest.raises(ValueError, match="distinct networks"):
         alignment.paired_difference(res, "x", "y", pairs=(i, i))
     with pytest.raises(ValueError, match="at least 2 networks"):

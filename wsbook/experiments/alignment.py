@@ -485,6 +485,17 @@ def paired_difference(comparison: dict, a: str, b: str,
     return {"mean": float(d.mean()), "se": float(se), "pairs": int(d.numel())}
 
 
+def difference_verdict(diff: dict[str, float], than: str = "weight matching", digits: int = 3) -> str:
+    """A :func:`paired_difference` of barriers in words, as the chapters state it: ``"below weight matching
+    by 0.003 ± 0.002 per pair (mean ± standard error over 8128 pairs), within two standard errors"`` (or
+    ``above``, ``beyond two standard errors``; ``level with`` for a difference of exactly zero)."""
+    mean, se = diff["mean"], diff["se"]
+    side = "below" if mean < 0 else "above" if mean > 0 else "level with"
+    noise = "beyond" if abs(mean) > 2 * se else "within"
+    return (f"{side} {than} by {abs(mean):.{digits}f} ± {se:.{digits}f} per pair (mean ± standard error over "
+            f"{diff['pairs']} pairs), {noise} two standard errors")
+
+
 def every_pair(n: int) -> tuple[Tensor, Tensor]:
     """The ``n (n - 1) / 2`` pairs ``(i, j)``, ``i < j``, of ``n`` networks, as two index tensors (for
     :func:`compare_learned_alignment` on ``theta[i], theta[j]`` and :func:`paired_difference`)."""

@@ -405,14 +405,25 @@ def methods_table(task: str, n: int, flows: dict[str, tuple[Tensor, float]], see
     spec = ref0.spec
     extra = {name: (targets.predictive_probs(spec, theta, x), s) for name, (theta, s) in flows.items()}
     table = targets.methods_against_reference(task, n, seed=seed, extra=extra)
-    gen = torch.Generator().manual_seed(seed)
-    h = median_bandwidth(ref0.probs, ref1.probs, generator=gen)
     sets = {**targets.method_probs(task, n, seed), **extra}
     sets["hmc"] = (ref0.probs[ref0.thinned(n)], ref0.seconds)
-    p1 = ref1.probs.mean(0)
-    table["tv_run1"] = [float(M.total_variation(sets[m][0].mean(0), p1)) for m in table.index]
-    table["mmd2_run1"] = [float(mmd2(sets[m][0], ref1.probs, bandwidth=h)) for m in table.index]
+    to_run1 = _distances_to_run1(task, seed)
+    rows = [to_run1(sets[m][0]) for m in table.index]
+    for col in rows[0]:
+        table[col] = [r[col] for r in rows]
     return table
+
+
+def _distances_to_run1(task: str, seed: int = 0):
+    """``probs [n, N, C] -> {"tv_run1", "mmd2_run1"}``: the distances of a set of networks' test predictions
+    to the held-out HMC run (seed 1), TV of the model average and function-space MMD² with the median
+    bandwidth of both runs (drawn with ``seed``), as :func:`methods_table` and :func:`repeated_distances`
+    report them."""
+    ref0, ref1 = targets.hmc_reference(task, 0), targets.hmc_reference(task, 1)
+    h = median_bandwidth(ref0.probs, ref1.probs, generator=torch.Generator().manual_seed(seed))
+    p1 = ref1.probs.mean(0)
+    return lambda probs: {"tv_run1": float(M.total_variation(probs.mean(0), p1)),
+                          "mmd2_run1": float(mmd2(probs, ref1.probs, bandwidth=h))}
 
 
 def repeated_distances(task: str, samplers: dict, n: int, repeats: int, seed: int = 0):
@@ -436,17 +447,14 @@ def repeated_distances(task: str, samplers: dict, n: int, repeats: int, seed: in
 
     if repeats < 2 or n < 2:
         raise ValueError(f"repeated_distances: needs at least 2 sets of 2 networks; got {repeats} of {n}")
-    ref0, ref1 = targets.hmc_reference(task, 0), targets.hmc_reference(task, 1)
-    x = get_task(task).data().x_test
-    h = median_bandwidth(ref0.probs, ref1.probs, generator=torch.Generator().manual_seed(seed))
-    p1 = ref1.probs.mean(0)
+    spec, x = targets.hmc_reference(task, 0).spec, get_task(task).data().x_test
+    to_run1 = _distances_to_run1(task, seed)
     rows = {}
     for name, draw in samplers.items():
         for i in range(repeats):
             with torch.no_grad():
-                probs = targets.predictive_probs(ref0.spec, draw(n, torch.Generator().manual_seed(i)), x)
-            rows[(name, i)] = {"tv_run1": float(M.total_variation(probs.mean(0), p1)),
-                               "mmd2_run1": float(mmd2(probs, ref1.probs, bandwidth=h))}
+                networks = draw(n, torch.Generator().manual_seed(i))
+                rows[(name, i)] = to_run1(targets.predictive_probs(spec, networks, x))
     return pd.DataFrame(rows).T
 
 
