@@ -269,6 +269,39 @@ def test_euclidean_chart_with_a_per_weight_gaussian_source():
         EuclideanChart(spec, sigma=0.5, loc=torch.zeros(spec.n_params + 1))
 
 
+def test_euclidean_chart_with_a_mixture_source_and_nearest_references():
+    """K Gaussians as an equal mixture: rows cycle through the components, the log-density is the mixture's
+    (torch.distributions), the config round-trips; with K references every network is aligned to the one it
+    matches best (a permuted copy of reference 1 lands exactly on it)."""
+    spec = MLPSpec((3, 4, 2))
+    loc = torch.stack([torch.full((spec.n_params,), -3.0), torch.full((spec.n_params,), 3.0)])
+    sigma = torch.stack([torch.full((spec.n_params,), 0.5), torch.full((spec.n_params,), 1.5)])
+    chart = EuclideanChart(spec, sigma=sigma, loc=loc)
+    assert chart.n_components == 2 and EuclideanChart(spec).n_components == 1
+    x = chart.sample_source(20_000, gen(1))
+    assert torch.allclose(x[0::2].mean(0), loc[0], atol=0.05) and torch.allclose(x[1::2].std(0), sigma[1], rtol=0.05)
+    mix = torch.distributions.MixtureSameFamily(
+        torch.distributions.Categorical(torch.ones(2)),
+        torch.distributions.Independent(torch.distributions.Normal(loc, sigma), 1))
+    assert torch.allclose(chart.source_log_prob(x[:6]), mix.log_prob(x[:6]), atol=1e-4)
+    back = chart_from_config(chart.config())
+    assert torch.equal(back.sample_source(3, gen(2)), chart.sample_source(3, gen(2)))
+    shared = EuclideanChart(spec, sigma=0.7, loc=loc)      # one scale for every component
+    assert torch.allclose(shared.sample_source(4000, gen(3))[1::2].std(0), torch.full((spec.n_params,), 0.7),
+                          rtol=0.1)
+    with pytest.raises(ValueError, match="rows"):
+        EuclideanChart(spec, sigma=torch.ones(3, spec.n_params), loc=loc)
+    refs = torch.randn(2, spec.n_params, generator=gen(4))
+    copy = permute(spec, refs[1:], random_permutation(spec, 1, gen(5)))
+    far = refs[:1] + 5.0
+    two = EuclideanChart(spec, reference=refs)
+    points = two.to_points(torch.cat([copy, far]))
+    assert torch.allclose(points[0], refs[1], atol=1e-5)
+    single = [EuclideanChart(spec, reference=r).to_points(far) for r in refs]
+    dist = [float((s - r).norm()) for s, r in zip(single, refs)]
+    assert torch.allclose(points[1], single[int(dist[1] < dist[0])][0])
+
+
 def test_reverse_kl_with_samples_covers_what_the_density_alone_misses():
     """The draws' negative log-likelihood (forward KL) widens a flow that the reverse KL alone fits to a
     narrower density: fitted to N(0, 0.5^2) by reverse KL and to draws of N(0, 1), the joint flow lands in

@@ -118,18 +118,20 @@ def _method_generator(t: Task, method: str, seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1000 + zlib.crc32(f"{t.name}/{method}".encode()) % 1000)
 
 
-def _fit_vi(t: Task, gen: torch.Generator):
+def _fit_vi(t: Task, gen: torch.Generator, members: int = 1):
     """Mean-field VI on ``t``'s posterior at the scale's settings (the one recipe of the "vi" runs)."""
     cfg = settings("vi")
-    return fit_vi(t.log_posterior(), n_members=1, steps=cfg["steps"], lr=cfg["lr"], batch_size=t.batch_size,
+    return fit_vi(t.log_posterior(), n_members=members, steps=cfg["steps"], lr=cfg["lr"], batch_size=t.batch_size,
                   n_mc=cfg["n_mc"], generator=gen)
 
 
-def vi_posterior(task: str, seed: int = 0):
+def vi_posterior(task: str, seed: int = 0, members: int = 1):
     """The mean-field Gaussian behind ``posterior_run(task, "vi", n, seed)``, fitted again with the same random
-    stream (the same fit; seconds at the book's sizes): a :class:`wsbook.bayes.vi.MeanFieldPosterior`."""
+    stream (the same fit; seconds at the book's sizes): a :class:`wsbook.bayes.vi.MeanFieldPosterior`. With
+    ``members > 1``, that many independent fits of the same recipe at once (each from its own initialisation,
+    so each settles in a mode of its own; the first is not the single fit's)."""
     t = get_task(task)
-    return _fit_vi(t, _method_generator(t, "vi", seed))
+    return _fit_vi(t, _method_generator(t, "vi", seed), members)
 
 
 def _run(t: Task, method: str, n: int, seed: int) -> dict:

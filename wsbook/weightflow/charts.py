@@ -50,6 +50,17 @@ def _align(spec: MLPSpec, reference: Tensor, theta: Tensor, max_iter: int = 100)
     return weight_matching(spec, reference, theta, max_iter=max_iter).aligned
 
 
+def _align_nearest(spec: MLPSpec, references: Tensor, theta: Tensor) -> Tensor:
+    """Every network of ``theta [B, D]`` weight-matched to each of ``references [K, D]`` (one batched matching of
+    ``K x B`` pairs), keeping the alignment that ends nearest its reference; one reference: :func:`_align`."""
+    k, b = references.shape[0], theta.shape[0]
+    if k == 1:
+        return _align(spec, references, theta)
+    aligned = _align(spec, references.repeat_interleave(b, 0), theta.repeat(k, 1)).reshape(k, b, -1)
+    nearest = (aligned - references[:, None]).norm(dim=-1).argmin(0)
+    return aligned[nearest, torch.arange(b)]
+
+
 class Chart:
     """Interface of the three charts (see the module docstring). Subclasses set ``spec``, ``manifold``,
     ``kind`` and ``sigma`` (the source's scale on Euclidean coordinates)."""
@@ -143,16 +154,20 @@ class Chart:
 
 
 class EuclideanChart(Chart):
-    """Weights as they are (optionally aligned to ``reference`` by weight matching first); the flow runs in
+    """Weights as they are (optionally aligned to a reference by weight matching first); the flow runs in
     ``R^D`` from the source ``N(0, sigma^2 I)``, or from ``N(loc, diag(sigma^2))`` with a per-weight ``sigma``
-    and ``loc`` (e.g. a mean-field VI fit, so that a zero field starts the flow at VI's posterior).
+    and ``loc`` (e.g. a mean-field VI fit, so that a zero field starts the flow at VI's posterior), or from the
+    equal mixture of ``K`` such Gaussians (``loc [K, D]``: e.g. ``K`` VI fits from ``K`` initialisations, each
+    in a mode of its own; row ``i`` of :meth:`sample_source` comes from component ``i % K``).
 
     Args:
         spec: the architecture.
         sigma: standard deviation of the Gaussian source: a number (the thesis uses 0.1 for classifiers, 1
-            for its Gaussian toy) or one positive value per weight ``[D]``.
-        reference: a network ``[D]`` every population is aligned to in :meth:`to_points` (or ``None``).
-        loc: the source's mean ``[D]`` (default: zero).
+            for its Gaussian toy), one positive value per weight ``[D]``, or one row per component ``[K, D]``.
+        reference: a network ``[D]`` every population is aligned to in :meth:`to_points`, ``K`` networks
+            ``[K, D]`` (every network is aligned to each and keeps the alignment that brings it nearest), or
+            ``None``.
+        loc: the source's mean ``[D]``, or the components' means ``[K, D]`` (default: zero).
     """
 
     kind = "euclidean"
@@ -161,8 +176,12 @@ class EuclideanChart(Chart):
                  loc: Tensor | None = None):
         if not isinstance(spec, MLPSpec):
             raise TypeError(f"EuclideanChart needs an MLPSpec; got {type(spec).__name__}")
+        self.loc = None if loc is None else spec.check(loc, "loc").detach().clone()          # [K, D]
+        k = 1 if self.loc is None else self.loc.shape[0]
         if isinstance(sigma, Tensor) and sigma.numel() > 1:
-            sigma = spec.check(sigma, "sigma")[0].detach().clone()
+            sigma = spec.check(sigma, "sigma").detach().clone()                                # [1 or K, D]
+            if sigma.shape[0] not in (1, k):
+                raise ValueError(f"EuclideanChart: sigma has {sigma.shape[0]} rows for {k} components")
             if not bool((sigma > 0).all()):
                 raise ValueError(f"EuclideanChart: every sigma must be positive; got min {float(sigma.min())}")
         elif not float(sigma) > 0:
@@ -170,29 +189,41 @@ class EuclideanChart(Chart):
         else:
             sigma = float(sigma)
         self.spec, self.sigma = spec, sigma
-        self.loc = None if loc is None else spec.check(loc, "loc")[0].detach().clone()
-        self.reference = None if reference is None else spec.check(reference, "reference")[:1].detach().clone()
+        self.reference = None if reference is None else spec.check(reference, "reference").detach().clone()
         self.manifold = Euclidean(spec.n_params)
+
+    @property
+    def n_components(self) -> int:
+        """``K``, the Gaussians of the source's equal mixture (1 for a single Gaussian)."""
+        return 1 if self.loc is None else self.loc.shape[0]
 
     def to_points(self, theta: Tensor) -> Tensor:
         theta = self.check_weights(theta)
-        return _align(self.spec, self.reference.to(theta), theta) if self.reference is not None else theta.clone()
+        return _align_nearest(self.spec, self.reference.to(theta), theta) if self.reference is not None \
+            else theta.clone()
 
     def to_weights(self, points: Tensor) -> Tensor:
         return self.check_points(points).clone()
 
     def sample_source(self, n: int, generator: torch.Generator | None = None) -> Tensor:
         z = self.manifold.random_base(n, generator=generator)
-        x = z * self.sigma.to(z) if isinstance(self.sigma, Tensor) else self.sigma * z
-        return x if self.loc is None else x + self.loc.to(x)
+        component = torch.arange(n) % self.n_components
+        if isinstance(self.sigma, Tensor):
+            z = z * self.sigma.to(z)[component % self.sigma.shape[0]]
+        else:
+            z = self.sigma * z
+        return z if self.loc is None else z + self.loc.to(z)[component]
 
     def source_log_prob(self, points: Tensor) -> Tensor:
-        x = points if self.loc is None else points - self.loc.to(points)
+        x = points[:, None] if self.loc is None else points[:, None] - self.loc.to(points)     # [B, K, D]
         if isinstance(self.sigma, Tensor):
             z = x / self.sigma.to(x)
-            return -0.5 * (z * z).sum(-1) - self.sigma.to(x).log().sum() - 0.5 * self.dim * math.log(2 * math.pi)
-        z = x / self.sigma
-        return -0.5 * (z * z).sum(-1) - self.dim * (math.log(self.sigma) + 0.5 * math.log(2 * math.pi))
+            log_norm = self.sigma.to(x).log().sum(-1) + 0.5 * self.dim * math.log(2 * math.pi)
+        else:
+            z = x / self.sigma
+            log_norm = self.dim * (math.log(self.sigma) + 0.5 * math.log(2 * math.pi))
+        per_component = -0.5 * (z * z).sum(-1) - log_norm                                      # [B, K]
+        return torch.logsumexp(per_component, 1) - math.log(self.n_components)
 
     def config(self) -> dict:
         cfg = {"kind": self.kind, "widths": list(self.spec.widths), "activation": self.spec.activation,
