@@ -216,9 +216,11 @@ def joint_settings() -> JointSettings:
     # Measured at default (8 sets of 128 networks; MMD^2 / TV to the held-out HMC run; VI 0.0126 / 0.0228).
     # From one VI fit (the closing note of 2026-11-25), w in 2 / 4 / 10 / 30 / 100: the draws' term widens
     # the samples in function space as w grows, and MMD reaches VI's level only where TV rises past VI's.
-    # From a mixture of K fits (scratch, 2026-11-26): the density phase alone, K = 4: 0.0143 / 0.0158 (K = 8:
-    # 0.0149 / 0.0180), spread narrower than HMC's; then 600 joint steps with w = 1: 0.0116 / 0.0164, w = 3:
-    # 0.0106 / 0.0183, w = 10: 0.0126 / 0.0224 (spread far wider than HMC's).
+    # From a mixture of K fits (2026-11-26), K = 4: the density phase alone 0.0143 / 0.0158 (spread narrower
+    # than HMC's); then 600 joint steps, one training each, w = 1: 0.0116 / 0.0164, w = 5: 0.0109 / 0.0198,
+    # w = 10: 0.0126 / 0.0224 (spread far wider than HMC's); w = 3 over four trainings (other VI fits and
+    # seeds): MMD^2 10.6 to 13.9 x 1e-3 (mean 0.0120), TV 0.0171 to 0.0198: closer than VI in TV every time, level
+    # in MMD. K = 8 with w = 3, two trainings: 0.0114 / 0.0187 and 0.0125 / 0.0204, no better.
     s = config.by_scale
     return JointSettings(components=s(2, 4, 4), density_steps=s(100, 1500, 6000), density_lr=1e-3,
                          steps=s(50, 600, 2400), lr=3e-4, batch_size=s(32, 64, 256), ema_decay=s(0.9, 0.99, 0.995),
@@ -476,6 +478,8 @@ def summarise_repeats(per_set):
 
 #: the rows of :func:`repeated_comparison`: the flows trained on the density and their closest rival
 DENSITY_FLOWS = ("flow, draws + density", "euclidean flow + reverse KL")
+#: the row of :func:`repeated_comparison` for the joint flow's untrained start: its source, the VI mixture
+SOURCE_ROW = "vi mixture (source)"
 
 
 def repeat_count() -> int:
@@ -485,9 +489,10 @@ def repeat_count() -> int:
 
 def repeated_comparison(task: str = "breast_cancer", n: int | None = None, repeats: int | None = None):
     """:func:`summarise_repeats` of :func:`repeated_distances` for the flows trained on the posterior density
-    (:data:`DENSITY_FLOWS`: :func:`posterior_flow_joint`, :func:`posterior_flow_kl`) and for mean-field VI
-    (:func:`tasks.vi_posterior`, the fit behind the methods table's row), each in ``repeats`` sets (default
-    :func:`repeat_count`) of ``n`` networks (default: the methods table's size)."""
+    (:data:`DENSITY_FLOWS`: :func:`posterior_flow_joint`, :func:`posterior_flow_kl`), for the joint flow's
+    source (:data:`SOURCE_ROW`) and for mean-field VI (:func:`tasks.vi_posterior`, the fit behind the methods
+    table's row), each in ``repeats`` sets (default :func:`repeat_count`) of ``n`` networks (default: the
+    methods table's size)."""
     from wsbook.experiments.tasks import posterior_sample_size
 
     n = posterior_sample_size() if n is None else n
@@ -496,12 +501,14 @@ def repeated_comparison(task: str = "breast_cancer", n: int | None = None, repea
 
 
 def _density_samplers(task: str) -> dict:
-    """``{name: draw(n, generator)}`` of the flows trained on the density (:data:`DENSITY_FLOWS`) and of VI."""
+    """``{name: draw(n, generator)}`` of the flows trained on the density (:data:`DENSITY_FLOWS`), of the joint
+    flow's source (:data:`SOURCE_ROW`, the mixture of VI fits it starts from) and of VI."""
     from wsbook.experiments.tasks import vi_posterior
 
     joint, kl, vi = posterior_flow_joint(task)[0], posterior_flow_kl(task)[0], vi_posterior(task)
     return {DENSITY_FLOWS[0]: lambda m, g: sample_flow(joint, m, g)[0],
             DENSITY_FLOWS[1]: lambda m, g: sample_flow(kl, m, g)[0],
+            SOURCE_ROW: lambda m, g: joint.chart.to_weights(joint.chart.sample_source(m, g)),
             "vi": lambda m, g: vi.sample(m, g).samples.detach()}
 
 
@@ -814,7 +821,7 @@ def detection_table(task: str = "breast_cancer", charts: tuple[str, ...] = CHART
 
 
 __all__ = ["CHARTS", "FlowSettings", "flow_settings", "KLSettings", "kl_settings", "posterior_field", "posterior_flow",
-           "posterior_flow_kl", "JointSettings", "joint_settings", "posterior_flow_joint", "sample_flow",
+           "posterior_flow_kl", "JointSettings", "joint_settings", "posterior_flow_joint", "SOURCE_ROW", "sample_flow",
            "methods_table", "alignment_spread", "prior_draws", "gaussian_fits",
            "guided", "memorisation", "cost", "importance_sampling", "PROPOSALS", "elbos", "reweighted",
            "detection_sets", "detection_table", "auroc", "OWN_SAMPLES"]

@@ -207,7 +207,7 @@ class EuclideanChart(Chart):
 
     def sample_source(self, n: int, generator: torch.Generator | None = None) -> Tensor:
         z = self.manifold.random_base(n, generator=generator)
-        component = torch.arange(n) % self.n_components
+        component = torch.arange(n, device=z.device) % self.n_components
         if isinstance(self.sigma, Tensor):
             z = z * self.sigma.to(z)[component % self.sigma.shape[0]]
         else:
