@@ -220,7 +220,8 @@ def joint_settings() -> JointSettings:
     # than HMC's); then 600 joint steps, one training each, w = 1: 0.0116 / 0.0164, w = 5: 0.0109 / 0.0198,
     # w = 10: 0.0126 / 0.0224 (spread far wider than HMC's); w = 3 over four trainings (other VI fits and
     # seeds): MMD^2 10.6 to 13.9 x 1e-3 (mean 0.0120), TV 0.0171 to 0.0198: closer than VI in TV every time, level
-    # in MMD. K = 8 with w = 3, two trainings: 0.0114 / 0.0187 and 0.0125 / 0.0204, no better.
+    # in MMD. K = 8 with w = 3, two trainings: 0.0114 / 0.0187 and 0.0125 / 0.0204; 1200 joint steps 0.0123 /
+    # 0.0177; joint lr 1e-3 0.0127 / 0.0177: none better.
     s = config.by_scale
     return JointSettings(components=s(2, 4, 4), density_steps=s(100, 1500, 6000), density_lr=1e-3,
                          steps=s(50, 600, 2400), lr=3e-4, batch_size=s(32, 64, 256), ema_decay=s(0.9, 0.99, 0.995),
