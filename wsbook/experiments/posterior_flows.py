@@ -561,6 +561,10 @@ def compare_means(summary, a: str, b: str, column: str, z: float = 2.0) -> str:
     return "closer" if diff < -z * se else "farther" if diff > z * se else "level"
 
 
+# How the page words a :func:`compare_means` verdict of row ``a`` against row ``b`` (the name of ``b`` follows).
+COMPARE_PHRASES = {"closer": "closer to HMC than", "level": "level with", "farther": "farther from HMC than"}
+
+
 def memorisation(flow: WeightFlow, points: Tensor, task: str = "breast_cancer") -> dict:
     """Median nearest-neighbour distance (in the flow's chart) from the flow's samples ``points`` to its
     training draws (HMC run 0), beside the same for as many draws of the independent run 1: a flow that
