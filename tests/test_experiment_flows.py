@@ -83,6 +83,13 @@ def test_train_sample_score_cached_and_replay_is_detected():
     assert held["ratio"] == pytest.approx(1.0) and held["low"] < 1.0 < held["high"]
     with pytest.raises(ValueError, match="level"):
         flows.nn_ratio_interval(theta, refs, level=1.5)
+    # several draws of the same flow: seed 1 is the tables' set, other seeds other source points
+    draws = flows.score_draws("breast_cancer", cfg, refs, 12, steps=2, sample_seeds=(1, 2))
+    assert list(draws.index) == [1, 2]
+    assert draws.loc[1, "mmd2"] == pytest.approx(flows.score(theta, refs)["mmd2"])
+    assert draws.loc[1, "mmd2"] != draws.loc[2, "mmd2"]
+    with pytest.raises(ValueError, match="sample seed"):
+        flows.score_draws("breast_cancer", cfg, refs, 12, sample_seeds=())
 
 
 def test_adam_curve_is_the_zoo_optimiser_after_k_steps():
