@@ -185,3 +185,22 @@ def test_hmc_polish_moves_networks_towards_the_posterior(monkeypatch):
         assert lp(moved).mean() > lp(start).mean() + 10
     with pytest.raises(ValueError, match="trajectories"):
         pf.hmc_polish("breast_cancer", start, -1)
+
+
+def test_posterior_terms_split_the_log_posterior_per_network():
+    """The two columns add up to the (untempered) log posterior of every network, one row per network and
+    set, and shrinking a network raises its log prior."""
+    from wsbook.experiments.tasks import get_task
+
+    lp = get_task("breast_cancer").log_posterior()
+    g = torch.Generator().manual_seed(0)
+    prior = pf.prior_draws("breast_cancer", 5, g)
+    terms = pf.posterior_terms("breast_cancer", {"prior": prior, "scaled": 0.5 * prior[:3]})
+    assert list(terms["set"]) == ["prior"] * 5 + ["scaled"] * 3
+    with torch.no_grad():
+        total = lp(prior).double()
+        shrunk_prior = lp.log_prior(0.5 * prior[:3]).double()
+    assert torch.allclose(torch.tensor(terms["log_likelihood"][:5] + terms["log_prior"][:5]), total, rtol=1e-5)
+    assert torch.allclose(torch.tensor(terms["log_prior"][5:].to_numpy()), shrunk_prior)
+    # a smaller network sits higher under the zero-mean prior
+    assert (terms["log_prior"][5:].to_numpy() > terms["log_prior"][:3].to_numpy()).all()

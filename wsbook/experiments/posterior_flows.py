@@ -18,7 +18,8 @@ independent run (seed 1), which it never saw:
 * :func:`repeated_comparison` (:func:`repeated_distances`, :func:`summarise_repeats`, :func:`compare_means`):
   the same distances over several independent sets of samples, so that a verdict against VI is not the
   luck of one set; :func:`polished_comparison` (:func:`hmc_polish`): samples of the flow, VI and the prior
-  as starting points of a few exact HMC transitions.
+  as starting points of a few exact HMC transitions; :func:`posterior_terms`, where a set of networks sits in
+  training log-likelihood and log prior against HMC's draws.
 * :func:`importance_sampling`: self-normalised importance weights ``p(theta | D) / q(theta)`` of the samples of
   a Euclidean flow (trained on draws, or further on the density; its exact log-density by the change of
   variables), their effective sample size and the reweighted predictive; :func:`elbos`, the flows' and
@@ -569,6 +570,25 @@ def compare_means(summary, a: str, b: str, column: str, z: float = 2.0) -> str:
 COMPARE_PHRASES = {"closer": "closer to HMC than", "level": "level with", "farther": "farther from HMC than"}
 
 
+def posterior_terms(task: str, sets: dict[str, Tensor]):
+    """The two terms of the unnormalised log posterior of every network in ``sets`` (``{name: [n, D]}``): the
+    training log-likelihood (summed over the training set) and the log prior. Where a sampler's networks sit
+    on these two axes against HMC's says which term it misses: the posterior's typical set is where HMC's
+    draws are. Returns a long DataFrame with columns ``set``, ``log_likelihood`` and ``log_prior``, one row
+    per network."""
+    import pandas as pd
+    from wsbook.experiments.tasks import get_task
+
+    lp = get_task(task).log_posterior()
+    parts = []
+    with torch.no_grad():
+        for name, theta in sets.items():
+            theta = theta.to(lp.x)
+            parts.append(pd.DataFrame({"set": name, "log_likelihood": lp.log_likelihood(theta).double().cpu(),
+                                       "log_prior": lp.log_prior(theta).double().cpu()}))
+    return pd.concat(parts, ignore_index=True)
+
+
 def memorisation(flow: WeightFlow, points: Tensor, task: str = "breast_cancer") -> dict:
     """Median nearest-neighbour distance (in the flow's chart) from the flow's samples ``points`` to its
     training draws (HMC run 0), beside the same for as many draws of the independent run 1: a flow that
@@ -832,5 +852,6 @@ def detection_table(task: str = "breast_cancer", charts: tuple[str, ...] = CHART
 __all__ = ["CHARTS", "FlowSettings", "flow_settings", "KLSettings", "kl_settings", "posterior_field", "posterior_flow",
            "posterior_flow_kl", "JointSettings", "joint_settings", "posterior_flow_joint", "SOURCE_ROW", "sample_flow",
            "methods_table", "alignment_spread", "prior_draws", "gaussian_fits",
-           "guided", "memorisation", "cost", "importance_sampling", "PROPOSALS", "elbos", "reweighted",
+           "guided", "posterior_terms", "memorisation", "cost", "importance_sampling", "PROPOSALS", "elbos",
+           "reweighted",
            "detection_sets", "detection_table", "auroc", "OWN_SAMPLES"]
