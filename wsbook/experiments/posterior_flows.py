@@ -225,7 +225,7 @@ def joint_settings() -> JointSettings:
     # 0.0177; joint lr 1e-3 0.0127 / 0.0177: none better. The untrained source's weights (2026-11-26, 16 fits
     # of seed 0, no flow): equal 0.0124 / 0.0186; the 4 fits nearest the training draws (run 0) in MMD 0.0129
     # / 0.0212; weights minimising the mixture's MMD to run 0 (a quadratic programme; 3 fits kept) 0.0134 /
-    # 0.0215; the best fit alone 0.0128 / 0.0209; fits started at run-0 draws (K = 8, 32) 0.0135-0.0139. A
+    # 0.0215; the best fit alone 0.0128 / 0.0209; fits started at run-0 draws (K = 8, 32) 13.5 to 13.9 x 1e-3. A
     # mixture of mean-field Gaussians stays near VI's MMD however it is weighted: the shape is the flow's work.
     # Three times the draws (HMC runs 0, 2 and 3 of the same settings, 4800), seed 0: 0.0125 / 0.0176, no
     # better; this flow sampled with its training solver (8 Euler steps) or RK4: within 3e-4 of the midpoint's.
