@@ -250,6 +250,19 @@ def test_flat_field_zeroed_is_zero_everywhere():
     assert field.zero_() is field and torch.equal(field(t, x), torch.zeros_like(x))
 
 
+def test_neuron_graph_field_zeroed_is_zero_everywhere_and_still_trains():
+    spec = MLPSpec((4, 5, 3, 2))
+    field = NeuronGraphField(spec, hidden=16, edge_dim=8, rounds=1)
+    with torch.no_grad():
+        field.linear_edges.normal_(generator=gen(5))
+    t, x = torch.rand(5), torch.randn(5, spec.n_params, generator=gen(0))
+    assert field(t, x).abs().max() > 0
+    assert field.zero_() is field and torch.equal(field(t, x), torch.zeros_like(x))
+    # the hidden layers keep their initialisation, so gradients reach the zeroed outputs
+    field(t, x).sum().backward()
+    assert field.dec[0][-1].weight.grad.abs().max() > 0
+
+
 def test_euclidean_chart_with_a_per_weight_gaussian_source():
     """A mean-field source N(loc, diag(sigma^2)): its samples, its exact log-density, its config round trip."""
     spec = MLPSpec((3, 4, 2))

@@ -418,6 +418,16 @@ class NeuronGraphField(_Anchored, nn.Module):
         b_head = self.head(torch.cat([hl.mean(1) for hl in h] + [b_out, tf], -1))
         return self.spec.pack(weights, biases + [b_head])
 
+    def zero_(self) -> "NeuronGraphField":
+        """Zero every decoder's output layer and the linear terms, in place: the field is then zero everywhere
+        (as :meth:`FlatField.zero_`), so a flow starts as its source and training only corrects it."""
+        for last in [*(d[-1] for d in self.dec), *(d[-1] for d in self.edge_dec), self.head[-1]]:
+            nn.init.zeros_(last.weight)
+            nn.init.zeros_(last.bias)
+        for p in [*self.linear_nodes, self.linear_edges]:
+            nn.init.zeros_(p)
+        return self
+
     def config(self) -> dict:
         return {"kind": "neuron_graph", "widths": list(self.spec.widths), "activation": self.spec.activation,
                 **self.kwargs}
