@@ -128,6 +128,21 @@ def test_joint_flow_starts_at_a_vi_mixture_and_trains_on_draws_and_density(monke
     assert (torch.cdist(aligned, q.mean).min(1).values <= torch.cdist(draws, q.mean).min(1).values + 1e-4).all()
 
 
+def test_joint_field_is_zero_for_both_kinds_and_refuses_others():
+    from dataclasses import replace
+
+    from wsbook.experiments import tasks
+
+    spec = tasks.get_task("breast_cancer").spec
+    joint = pf.JointSettings(2, 1, 1e-3, 1, 1e-3, 8, 0.9, 4, 1.0)
+    t, x = torch.rand(3), torch.randn(3, spec.n_params, generator=torch.Generator().manual_seed(0))
+    for kind in ("neuron", "flat"):
+        field = pf.joint_field(spec, replace(joint, field=kind))
+        assert torch.equal(field(t, x), torch.zeros_like(x)), kind
+    with pytest.raises(ValueError, match="'neuron' or 'flat'"):
+        pf.joint_field(spec, replace(joint, field="gnn"))
+
+
 def test_repeated_distances_tell_a_close_sampler_from_a_shifted_one(monkeypatch):
     """Sets of a sampler of the held-out run's own distribution sit at MMD^2 ~ 0; a shifted one far above it,
     by many standard errors; the summary's standard error is the std over sets over sqrt(sets)."""

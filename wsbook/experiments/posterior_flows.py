@@ -255,13 +255,14 @@ def joint_settings() -> JointSettings:
                          solver_steps=s(8, 8, 16), forward_weight=3.0)
 
 
-def joint_field(spec, joint: JointSettings):
+def joint_field(spec, joint: JointSettings, settings: FlowSettings | None = None):
     """The untrained field of :func:`posterior_flow_joint` for networks of ``spec``: zero everywhere, so the flow
-    starts as its source (sizes from ``joint``)."""
+    starts as its source (sizes from ``joint``; the flat field's from ``settings``, default
+    :func:`flow_settings`)."""
     if joint.field == "neuron":
         return NeuronGraphField(spec, hidden=joint.width, edge_dim=joint.edge_dim, rounds=joint.rounds).zero_()
     if joint.field == "flat":
-        return posterior_field(spec, flow_settings()).with_diagonal().zero_()
+        return posterior_field(spec, settings).with_diagonal().zero_()
     raise ValueError(f"JointSettings.field must be 'neuron' or 'flat'; got {joint.field!r}")
 
 
@@ -277,7 +278,7 @@ def _train_joint(task: str, settings: FlowSettings, joint: JointSettings, seed: 
     # zero field is that mixture itself
     chart = EuclideanChart(t.spec, sigma=std, loc=mean, reference=mean)
     with config.seeded(7_000 + seed):
-        field = joint_field(t.spec, joint)
+        field = joint_field(t.spec, joint, settings)
     flow = WeightFlow(chart, field, coupling="ot")
     flow.set_scale(chart.to_points(ref.theta))
     gen = torch.Generator().manual_seed(8_000 + seed)
