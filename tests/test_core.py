@@ -1,4 +1,5 @@
 """wsbook.config, wsbook.data and wsbook.cache, plus the install files agreeing with each other."""
+import dataclasses
 import multiprocessing
 import random
 import re
@@ -228,6 +229,33 @@ def test_cache_hits_with_nan_inside_a_tuple_argument():
     assert len(probe_calls) == 1
     _probe(1, opts=(0.5, float("nan"), float("inf")))
     assert len(probe_calls) == 2, "inf and -inf are different keys"
+
+
+@dataclasses.dataclass
+class _Settings:
+    lr: float = 0.25
+    opts: tuple = (1, 2.5)
+
+
+def test_cache_keys_of_non_finite_floats_and_of_dicts_never_collide():
+    # a non-finite float was written as {"float": repr}: f(nan) and f({"float": "nan"}) shared one entry
+    probe_calls.clear()
+    for x in (float("nan"), float("inf"), float("-inf")):
+        for lookalike in ({"float": repr(x)}, {"$float": repr(x)}):
+            assert _probe.cache_path(x) != _probe.cache_path(lookalike), (x, lookalike)
+            assert _probe.cache_path([x]) != _probe.cache_path([lookalike]), (x, lookalike)
+    _probe(float("nan"))
+    _probe({"float": "nan"})
+    _probe({"$float": "nan"})
+    assert len(probe_calls) == 3
+    assert _probe.cache_path({"$a": 1}) != _probe.cache_path({"$$a": 1})
+
+
+def test_cache_keys_of_finite_arguments_are_unchanged():
+    # the key of ordinary arguments (finite floats, dicts, dataclasses, tensors) as every earlier version
+    # of the module made it: existing entries stay valid
+    args = {"x": 0.5, "opts": {"a": [1, 2.5, None, "nan"], "float": "inf"}, "s": _Settings(), "t": torch.arange(3.)}
+    assert cache.make_key("test/probe", args, "1")[0] == "330d64a46461172db452ea2a"
 
 
 def test_cache_keys_bfloat16_and_bool_tensors_by_content():

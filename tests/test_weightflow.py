@@ -753,3 +753,90 @@ def test_clear_errors():
 
     with pytest.raises(FloatingPointError):
         WeightFlow(EuclideanChart(SPEC), Exploding()).fit(zoo(8), steps=1, batch_size=4, progress=False)
+
+
+# ------------------------------------------------------------------- public entry points: counts, empties
+@pytest.mark.parametrize("kind", ["euclidean", "geometric"])
+def test_non_positive_steps_and_negative_n_are_refused_before_any_work(kind):
+    # log_prob(steps=-3) on the Geometric chart ran the likelihood loop zero times and returned the source's
+    # log-density; steps=0 divided by zero (0.5 / steps) and sample(-2) failed inside torch
+    flow = WeightFlow(make_chart(kind, SPEC), gnn_field(SPEC, dim=4, n_layers=1))
+    nets = zoo(2)
+    points, x0 = flow.chart.to_points(nets), flow.chart.sample_source(2, gen(1))
+    g = gen(2)
+    state = g.get_state()
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the arguments are checked before the networks are mapped to the chart")
+
+    flow.chart.to_points = no_work
+    for steps in (0, -3):
+        for call in (lambda: flow.sample(4, steps=steps, generator=g), lambda: flow.integrate(x0, steps=steps),
+                     lambda: flow.likelihood(points, steps=steps), lambda: flow.log_prob(nets, steps=steps)):
+            with pytest.raises(ValueError, match=f"steps must be a positive integer; got {steps}"):
+                call()
+    with pytest.raises(ValueError, match="n must be a non-negative integer; got -2"):
+        flow.sample(-2, generator=g)
+    with pytest.raises(ValueError, match="batch_size must be a positive integer; got 0"):
+        flow.sample(4, batch_size=0, generator=g)
+    assert torch.equal(g.get_state(), state), "nothing is drawn before the checks"
+    if kind == "euclidean":
+        with pytest.raises(ValueError, match="steps must be a positive integer; got 0"):
+            reference_sample(flow, 2, steps=0)
+        with pytest.raises(ValueError, match="n must be a non-negative integer; got -1"):
+            reference_sample(flow, -1)
+
+
+EMPTY_FIELDS = {"gnn": (SPEC, lambda s: gnn_field(s, dim=4, n_layers=1)),
+                "flat": (SPEC, lambda s: FlatField(s, hidden=8, depth=1)),
+                "neuron": (MLPSpec((4, 5, 2)), lambda s: NeuronField(s, hidden=8, heads=1)),
+                "neuron_graph": (SPEC, lambda s: NeuronGraphField(s, hidden=8, edge_dim=4, rounds=1))}
+
+
+@pytest.mark.parametrize("kind", ["euclidean", "normalized", "geometric"])
+@pytest.mark.parametrize("field_kind", list(EMPTY_FIELDS))
+def test_empty_batches_give_empty_results_and_fit_refuses_them(kind, field_kind):
+    # sample(0) and log_prob of no networks failed inside the GNN and the neuron fields (FlatField gave [0, D]);
+    # fit on no networks failed in canonicalisation or set layer_scale to NaN before raising
+    spec, make = EMPTY_FIELDS[field_kind]
+    flow = WeightFlow(make_chart(kind, spec), make(spec))
+    d, none = spec.n_params, torch.zeros(0, spec.n_params)
+    assert flow.sample(0, steps=2).shape == (0, d)
+    assert flow.sample(0, steps=2, x0=flow.chart.sample_source(0), batch_size=4).shape == (0, d)
+    assert flow.integrate(flow.chart.sample_source(0), steps=2, return_trajectory=True).x.shape == (0, d)
+    if kind == "normalized":
+        with pytest.raises(ValueError, match="no density"):
+            flow.log_prob(none)
+    else:
+        assert flow.log_prob(none, steps=2).shape == (0,)
+        res = flow.likelihood(flow.chart.sample_source(0), steps=2)
+        assert res.logp.shape == res.base_logp.shape == res.int_div.shape == (0,) and res.x0.shape == (0, d)
+        assert flow.log_prob(zoo(2, spec), steps=1, method="euler").shape == (2,)
+    scale, ema = flow.layer_scale.clone(), flow.ema
+    with pytest.raises(ValueError, match="no networks"):
+        flow.fit(none, steps=1, progress=False)
+    with pytest.raises(ValueError, match="no networks"):
+        flow.evaluate(none)
+    assert torch.equal(flow.layer_scale, scale) and flow.ema is ema, "nothing changed"
+
+
+def test_a_field_for_another_architecture_is_refused():
+    # both have 94 parameters: the flow fitted and sampled 5-9-4 networks read as 5-5-6-4 ones
+    a, b = MLPSpec((5, 9, 4)), MLPSpec((5, 5, 6, 4))
+    assert a.n_params == b.n_params
+    for field in (gnn_field(b, dim=4, n_layers=1), FlatField(b, hidden=8, depth=1),
+                  NeuronGraphField(b, hidden=8, edge_dim=4, rounds=1)):
+        with pytest.raises(ValueError, match="built for another architecture"):
+            WeightFlow(EuclideanChart(a), field)
+        with pytest.raises(ValueError, match="built for another architecture"):
+            WeightFlow(GeometricChart(a), field)
+    with pytest.raises(ValueError, match="built for another architecture"):
+        WeightFlow(EuclideanChart(b), NeuronField(a, hidden=8, heads=1))
+    with pytest.raises(ValueError, match="built for another architecture"):
+        WeightFlow(EuclideanChart(MLPSpec((5, 9, 4), activation="tanh")), FlatField(a, hidden=8, depth=1))
+    assert WeightFlow(EuclideanChart(a), FlatField(a, hidden=8, depth=1)).spec == a
+    # width transfer keeps chart and field on one spec (the chart kept only widths and activation before)
+    sine = MLPSpec((5, 9, 4), activation="sine", frequency=10.0)
+    wide = MLPSpec((5, 12, 4), activation="sine", frequency=10.0)
+    moved = WeightFlow(EuclideanChart(sine), gnn_field(sine, dim=4, n_layers=1)).with_spec(wide)
+    assert moved.chart.spec == moved.field.spec == wide

@@ -74,11 +74,25 @@ def _tensor_digest(value: torch.Tensor) -> str:
     return hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
 
 
+#: first character of the keys that tag a value which is not a plain dict (``{"$float": "nan"}``); a plain dict's
+#: keys that begin with it are escaped by doubling it, so no dict argument can produce a tag
+_TAG = "$"
+
+
+def _dict_key(key: Any) -> str:
+    key = str(key)
+    return _TAG + key if key.startswith(_TAG) else key
+
+
 def _canonical(value: Any) -> Any:
     """A JSON-able description of an argument, stable across runs (tensors by content hash).
 
-    Non-finite floats become strings (``"nan"``, ``"inf"``, ``"-inf"``): ``nan != nan``, so a raw NaN in
-    the stored description would never match the requested one again.
+    A non-finite float becomes a tagged string, ``{"$float": "nan"}`` (``"inf"``, ``"-inf"``): ``nan != nan``,
+    so a raw NaN in the stored description would never match the requested one again. A dict key that
+    begins with ``$`` gets a second one (the argument ``{"$float": "nan"}`` is described as
+    ``{"$$float": "nan"}``), so no dict shares a description with a float. Every other argument (finite
+    floats, dicts without ``$`` keys, tensors, dataclasses) is described as before the tag existed, so
+    their entries stay valid.
     """
     if isinstance(value, torch.Tensor):
         if value.layout != torch.strided:
@@ -87,9 +101,9 @@ def _canonical(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_canonical(v) for v in value]
     if isinstance(value, dict):
-        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+        return {_dict_key(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
     if isinstance(value, float) and not math.isfinite(value):
-        return {"float": repr(value)}
+        return {_TAG + "float": repr(value)}
     if isinstance(value, (int, float, str, bool, type(None))):
         return value
     if hasattr(value, "__dataclass_fields__"):

@@ -144,13 +144,16 @@ class Chart:
         raise NotImplementedError
 
     def with_spec(self, spec: MLPSpec) -> "Chart":
-        """The same kind of chart for another architecture of the same depth (no reference network)."""
+        """The same kind of chart for another architecture of the same depth (no reference network), on
+        ``spec`` itself (its bias and frequency too: a :class:`WeightFlow` needs its field's spec)."""
         cfg = self.config()
         if len(spec.widths) != len(self.spec.widths) or spec.widths[0] != self.spec.widths[0] \
                 or spec.widths[-1] != self.spec.widths[-1]:
             raise ValueError(f"with_spec: {spec} must keep the depth, inputs and outputs of {self.spec}")
-        cfg.update(widths=list(spec.widths), activation=spec.activation, reference=None)
-        return chart_from_config(cfg)
+        kind = cfg.pop("kind")
+        for key in ("widths", "activation"):
+            cfg.pop(key)
+        return make_chart(kind, spec, **{**cfg, "reference": None})
 
 
 class EuclideanChart(Chart):

@@ -23,6 +23,7 @@ tangent-projected field). Book chapter 7.
 from __future__ import annotations
 
 import copy
+import numbers
 from dataclasses import dataclass
 from typing import Callable
 
@@ -58,6 +59,15 @@ def sample_times(n: int, distribution: str = "uniform", generator: torch.Generat
     raise ValueError(f"sample_times: distribution must be one of {TIME_DISTRIBUTIONS}; got {distribution!r}")
 
 
+def _check_count(value: int, name: str, where: str, minimum: int = 1) -> int:
+    """``value`` as an ``int`` if it is an integer of at least ``minimum``; raises ``ValueError`` naming the
+    argument and its value otherwise (checked where the public methods start, before any work)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else "a non-negative integer"
+        raise ValueError(f"{where}: {name} must be {kind}; got {value!r}")
+    return int(value)
+
+
 @dataclass
 class FitResult:
     """Per-step training losses (mean squared error per coordinate, weighted as the flow's
@@ -72,7 +82,10 @@ class WeightFlow:
 
     Args:
         chart: where the flow runs (:class:`EuclideanChart`, :class:`NormalizedChart`, :class:`GeometricChart`).
-        field: ``field(t, x) -> [B, D]`` over the flat weight layout (:func:`gnn_field`, :class:`FlatField`).
+        field: ``field(t, x) -> [B, D]`` over the flat weight layout (:func:`gnn_field`, :class:`FlatField`,
+            :class:`NeuronField`, :class:`NeuronGraphField`). A field with a ``spec`` (all of these) must be
+            built for the chart's spec: two architectures with the same number of parameters read each
+            other's weights as garbage, so another spec raises ``ValueError``.
         parametrization: ``"velocity"`` (default) or ``"endpoint"`` (x1-prediction, the thesis's choice; its
             loss ``|x1_hat - x1|^2`` is the velocity loss weighted by ``(1 - t)^2``, so it spends little effort
             late in the path, where the sampler divides the guess's error by ``1 - t``).
@@ -109,6 +122,10 @@ class WeightFlow:
                              f"got {time_distribution!r}")
         if loss_weighting not in LOSS_WEIGHTINGS:
             raise ValueError(f"WeightFlow: loss_weighting must be one of {LOSS_WEIGHTINGS}; got {loss_weighting!r}")
+        field_spec = getattr(field, "spec", None)
+        if field_spec is not None and field_spec != chart.spec:
+            raise ValueError(f"WeightFlow: the field is built for another architecture ({field_spec}) than the "
+                             f"chart ({chart.spec}); build both for the same spec")
         if align_pairs and getattr(field, "anchored", False):
             raise ValueError("WeightFlow: align_pairs permutes targets away from the anchor's neuron order; an "
                              "anchored field needs align_pairs=False")
@@ -249,7 +266,12 @@ class WeightFlow:
         the host, no blocking copy: the source points and times are drawn on the CPU and copied through
         pinned memory), except for the NaN check every ``check_every`` steps and what the pairing itself
         needs: ``coupling="ot"`` and ``align_pairs`` solve assignment problems on the CPU every step.
+
+        Raises ``ValueError`` for a population of no networks, before any state (scales, anchor, EMA) changes.
         """
+        if self.chart.check_weights(networks, "networks").shape[0] == 0:
+            raise ValueError(f"WeightFlow.fit: networks holds no networks (shape {tuple(networks.shape)}); "
+                             "a flow needs at least one network to learn from")
         with torch.no_grad():
             points = self.chart.to_points(networks)
         self.set_scale(points)
@@ -419,9 +441,12 @@ class WeightFlow:
         source points and times. Read on networks the flow never saw (held-out runs) beside the same number
         of its training networks, at the same ``batch_size`` (OT pairs are closer in larger batches), it
         tells generalisation from memorisation: a field that fits its training set much better than held-out
-        networks has learned those networks rather than their distribution."""
+        networks has learned those networks rather than their distribution. Raises ``ValueError`` for a
+        population of no networks (the mean over none is undefined)."""
         if repeats < 1 or batch_size < 1:
             raise ValueError(f"evaluate: repeats and batch_size must be positive; got {repeats}, {batch_size}")
+        if self.chart.check_weights(networks, "networks").shape[0] == 0:
+            raise ValueError(f"WeightFlow.evaluate: networks holds no networks (shape {tuple(networks.shape)})")
         device = next(self.field.parameters()).device
         points = self.chart.to_points(networks).to(device)
         total = 0.0
@@ -435,11 +460,19 @@ class WeightFlow:
     # ------------------------------------------------------------------------------------ sampling
     def integrate(self, x0: Tensor, *, steps: int = 100, method: str = "euler", guidance: Guidance | None = None,
                   return_trajectory: bool = False, model: nn.Module | None = None) -> ODEResult:
-        """Integrate the flow from source points ``x0 [B, D]`` (on the chart's manifold) to ``t = 1``."""
+        """Integrate the flow from source points ``x0 [B, D]`` (on the chart's manifold) to ``t = 1``.
+
+        ``steps`` (solver steps; with ``"dopri5"`` they set only the endpoint parametrisation's ``t_eps``) must be
+        a positive integer, else ``ValueError``. Points that leave the chart's domain raise ``ValueError``, a
+        non-finite result ``FloatingPointError``. An empty batch ``[0, D]`` gives an empty result without
+        evaluating the field."""
+        steps = _check_count(steps, "steps", "WeightFlow.integrate")
         x0 = self.chart.check_points(x0, "x0")
         eps = min(self.t_eps, 0.5 / steps)
 
         def fn(t, x):
+            if x.shape[0] == 0:         # no networks: the fields need at least one
+                return torch.zeros_like(x)
             v = self.velocity(t, x, model, eps)
             if guidance is not None:
                 v = v + guidance.vector(self.chart, x, float(t))
@@ -463,12 +496,21 @@ class WeightFlow:
             x0: source points to start from instead (``[n, D]`` on the chart's manifold).
             guidance: task-loss guidance (:class:`Guidance`) or ``None``.
             batch_size: integrate in chunks of this many networks (memory), ``None`` = all at once.
+
+        Raises ``ValueError`` for a negative ``n``, a ``steps`` or ``batch_size`` below 1, or an ``x0`` of
+        another length, before drawing anything. ``n = 0`` gives an empty ``[0, D]`` tensor.
         """
+        n = _check_count(n, "n", "WeightFlow.sample", minimum=0)
+        steps = _check_count(steps, "steps", "WeightFlow.sample")
+        if batch_size is not None:
+            batch_size = _check_count(batch_size, "batch_size", "WeightFlow.sample")
         x0 = self.chart.sample_source(n, generator) if x0 is None else x0
         if x0.shape[0] != n:
             raise ValueError(f"sample: x0 has {x0.shape[0]} points but n = {n}")
         device = next(self.field.parameters()).device
         x0 = x0.to(device)
+        if n == 0:                      # nothing to integrate (and no points to map back to weights)
+            return self.chart.check_points(x0, "x0").new_zeros(0, self.spec.n_params)
         chunks = [x0] if batch_size is None else list(x0.split(batch_size))
         points = torch.cat([self.integrate(c, steps=steps, method=method, guidance=guidance).x for c in chunks])
         return self.chart.to_weights(points)
@@ -480,11 +522,16 @@ class WeightFlow:
         """Log-density of chart points under the flow (w.r.t. the manifold's volume): the source log-density
         of the point the reversed flow reaches minus the integrated divergence. ``estimator``: ``"exact"``
         (one backward pass per coordinate), ``"hutchinson"`` (``n_probes`` fixed Rademacher probes) or
-        ``"auto"`` (exact up to 64 coordinates)."""
-        if self.chart.kind == "normalized":
-            raise ValueError("WeightFlow.likelihood: a Normalized flow runs in R^D from a source on the spheres and "
-                             "has no density; use a Geometric (or Euclidean) chart for likelihoods")
+        ``"auto"`` (exact up to 64 coordinates).
+
+        Raises ``ValueError`` for a ``steps`` below 1 and on the Normalized chart (no density). An empty batch
+        ``[0, D]`` gives empty results (``logp`` of shape ``[0]``) without evaluating the field."""
+        self._check_density("likelihood")
+        steps = _check_count(steps, "steps", "WeightFlow.likelihood")
         points = self.chart.check_points(points)
+        if points.shape[0] == 0:        # no networks: the fields need at least one
+            none = points.new_zeros(0)
+            return LikelihoodResult(logp=none, x0=points.clone(), base_logp=none.clone(), int_div=none.clone(), nfe=0)
         if estimator == "auto":
             estimator = "exact" if self.chart.dim <= 64 else "hutchinson"
         eps = min(self.t_eps, 0.5 / steps)
@@ -495,10 +542,22 @@ class WeightFlow:
     def log_prob(self, networks: Tensor, **kwargs) -> Tensor:
         """``log p(networks)`` ``[B]``: the networks are mapped to the chart (canonicalized for the Geometric
         chart: the density of a network is that of its canonical representative) and passed to
-        :meth:`likelihood` (keyword arguments as there)."""
-        with torch.no_grad():
-            points = self.chart.to_points(networks)
+        :meth:`likelihood` (keyword arguments as there). Raises ``ValueError`` as :meth:`likelihood` does,
+        checked before the networks are mapped to the chart; no networks ``[0, D]`` give an empty ``[0]``."""
+        self._check_density("log_prob")
+        if "steps" in kwargs:
+            kwargs["steps"] = _check_count(kwargs["steps"], "steps", "WeightFlow.log_prob")
+        if self.chart.check_weights(networks, "networks").shape[0] == 0:
+            points = networks.new_zeros(0, self.chart.dim)
+        else:
+            with torch.no_grad():
+                points = self.chart.to_points(networks)
         return self.likelihood(points, **kwargs).logp
+
+    def _check_density(self, where: str) -> None:
+        if self.chart.kind == "normalized":
+            raise ValueError(f"WeightFlow.{where}: a Normalized flow runs in R^D from a source on the spheres and "
+                             "has no density; use a Geometric (or Euclidean) chart for likelihoods")
 
     # ------------------------------------------------------------------------ transfer, persistence
     def settings(self) -> dict:
@@ -542,10 +601,15 @@ def reference_sample(flow: WeightFlow, n: int, *, steps: int = 100, generator: t
     ``CFM.vector_field``): Euler steps along ``x1_hat(x_t, t) - x0`` instead of ``(x1_hat - x_t) / (1 - t)``.
     Integrating it gives ``x_1 = integral_0^1 x1_hat(x_t, t) dt``, a time average of the field's guesses,
     which early on sit near the target's mean: the samples lose spread. Euclidean charts
-    only (a velocity field's guess is ``x_t + (1 - t) v``); returns networks ``[n, D]``."""
+    only (a velocity field's guess is ``x_t + (1 - t) v``); returns networks ``[n, D]``. Raises ``ValueError``
+    for another chart, a negative ``n`` or a ``steps`` below 1."""
     if not flow.euclidean:
         raise ValueError("reference_sample: reproduced for Euclidean charts only")
+    n = _check_count(n, "n", "reference_sample", minimum=0)
+    steps = _check_count(steps, "steps", "reference_sample")
     x0 = flow.chart.sample_source(n, generator) if x0 is None else flow.chart.check_points(x0, "x0")
+    if x0.shape[0] == 0:                # no networks: the fields need at least one
+        return flow.chart.to_weights(x0)
     x, h = x0.clone(), 1.0 / steps
     with torch.no_grad():
         for k in range(steps):
