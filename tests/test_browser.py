@@ -9,7 +9,8 @@ loaded only by pages that draw a figure. The HTML directory comes from ``WSBOOK_
 ``tests/gates.py``).
 
 Also at phone width (400 px): no page scrolls sideways, panel grids are stacked, legends sit below the
-plot and hover labels are formatted; and a chapter opens as a notebook in this environment's JupyterLab.
+plot, hover labels are formatted and the "Run this chapter" box is collapsed; and a chapter opens as a
+notebook in this environment's JupyterLab. Launch links, if any, clone the configured repository.
 """
 from __future__ import annotations
 
@@ -120,7 +121,8 @@ def test_chapter_page_reads_cleanly(server, browser, page):
     stray = tab.evaluate("Array.from(document.querySelectorAll('.cell_output .output.text_plain'))"
                          ".map(el => el.innerText.trim().slice(0, 60))")
     links = tab.evaluate("Array.from(document.querySelectorAll('a[href$=\".ipynb\"]')).map(a => a.href)")
-    run_box = tab.evaluate("Array.from(document.querySelectorAll('.wsbook-run')).map(el => el.innerText)")
+    # textContent: the box is collapsed, and innerText leaves out what is hidden
+    run_box = tab.evaluate("Array.from(document.querySelectorAll('.wsbook-run')).map(el => el.textContent)")
     context.close()
     problems = [f"figure {f['index']} ({f['title'][:50]!r}): no {'/'.join(f['missing'])}-axis title"
                 for f in figures if f["missing"]]
@@ -137,6 +139,43 @@ def test_chapter_page_reads_cleanly(server, browser, page):
         notebook = json.loads(response.read())
     if not notebook.get("cells"):
         problems.append(f"the downloaded notebook {links[0]} has no cells")
+    assert not problems, "\n".join(problems)
+
+
+# hrefs of sphinx-book-theme's launch buttons: JupyterHub (nbgitpuller), Binder, Colab, Deepnote
+LAUNCH_HREF = re.compile(r'href="([^"]*(?:/git-pull\?|/v2/(?:gh|gl|git)/|colab\.research\.google\.com/github/'
+                         r'|deepnote\.com/launch)[^"]*)"')
+
+
+def test_launch_links_point_to_the_configured_repository():
+    """A launch button clones the repository the build names (``repository.url`` in ``_config.yml`` or
+    ``WSBOOK_REPOSITORY_URL``, which ``tests/gates.py`` hands to the build and to this test alike); a build
+    that names none has no launch button at all."""
+    import html as html_lib
+    from urllib.parse import parse_qs, urlsplit
+
+    import yaml
+
+    from wsbook.sphinx import LAUNCH_PROVIDERS, repository_url
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    expected = repository_url({"repository_url": (config.get("repository") or {}).get("url") or ""}).rstrip("/")
+    providers = any((config.get("launch_buttons") or {}).get(key) for key in LAUNCH_PROVIDERS)
+    problems = []
+    for page in chapter_pages():
+        text = page.read_text()
+        links = [html_lib.unescape(url) for url in LAUNCH_HREF.findall(text)]
+        if not expected:
+            if links or "dropdown-launch-buttons" in text:
+                problems.append(f"{page.name}: launch buttons ({links}) although no repository is configured")
+            continue
+        if providers and not links:
+            problems.append(f"{page.name}: no launch button although {expected} is configured")
+        for url in links:
+            repo = parse_qs(urlsplit(url).query).get("repo", [""])[0]
+            ok = repo.rstrip("/") == expected if repo else "/".join(expected.split("/")[-2:]) in url
+            if not ok:
+                problems.append(f"{page.name}: launch link {url} does not clone {expected}")
     assert not problems, "\n".join(problems)
 
 
@@ -230,10 +269,15 @@ def test_chapter_page_at_phone_width(server, browser, page):
                               timeout=60_000)
         tab.wait_for_timeout(500)   # the reflow and legend fit are relayouts after the first draw
     found = tab.evaluate(PHONE_CHECK)
+    box = tab.evaluate("""() => { const el = document.querySelector('.wsbook-run');
+        return el && {hidden: el.classList.contains('toggle-hidden'), height: el.getBoundingClientRect().height}; }""")
     SHOTS.mkdir(parents=True, exist_ok=True)
     tab.screenshot(path=str(SHOTS / f"phone__{page.name}.png"), full_page=True)
     context.close()
     problems = []
+    # the "Run this chapter" box starts collapsed: its title, not a first screen of instructions
+    if not box or not box["hidden"] or box["height"] > 850 / 3:
+        problems.append(f"the 'Run this chapter' box is not collapsed at 400 px: {box}")
     if found["scroll"] > found["width"] + 1:
         problems.append(f"the page scrolls sideways: {found['scroll']} px wide at {found['width']} px")
     for f in found["figures"]:

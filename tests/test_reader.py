@@ -77,6 +77,118 @@ def test_run_box_says_how_and_how_long():
     assert "python -m wsbook chapter" not in run_box("03_flow_matching", {}, "ci").astext()
 
 
+def test_run_box_is_collapsed_and_says_what_jupyterlab_does_not_render():
+    from wsbook.sphinx import run_box
+
+    box = run_box("03_flow_matching", {}, "ci")
+    assert "dropdown" in box["classes"], "the box should be collapsed (sphinx-togglebutton's dropdown)"
+    text = box.astext()
+    for needle in ("citations show as their keys", "{glue}", "shows its key"):
+        assert needle in text, f"{needle!r} missing from the box:\n{text}"
+    # no launch button: how to run it from a clone, and where the GPU-server recipe is
+    assert "no launch button" in text and "Running on a GPU server" in text and "make lab" in text
+    with_launch = run_box("03_flow_matching", {}, "ci", launch=True).astext()
+    assert "launch button" in with_launch and "no launch button" not in with_launch
+
+
+# ------------------------------------------------------------------ launch buttons
+def _theme_options(config: dict) -> dict:
+    """``html_theme_options`` as jupyter-book 1.x makes them from a ``_config.yml`` (with its defaults)."""
+    from jupyter_book.config import get_final_config
+
+    sphinx_config, _ = get_final_config(user_yaml=config, sourcedir=ROOT, validate=False,
+                                        cli_config={"latex_individualpages": False})
+    return sphinx_config["html_theme_options"]
+
+
+def _launch_repos(options: dict) -> list[str]:
+    """The repository every launch button of these theme options would clone ([] when there is none)."""
+    from wsbook.sphinx import LAUNCH_PROVIDERS
+
+    buttons = options.get("launch_buttons") or {}
+    return [options.get("repository_url", "") for key in LAUNCH_PROVIDERS if buttons.get(key)]
+
+
+def test_launch_buttons_only_point_to_a_configured_repository():
+    """No launch link to a repository nobody configured: not the empty default of ``_config.yml``, not
+    jupyter-book's own repository (its fallback for a missing ``repository.url``)."""
+    import yaml
+
+    from wsbook.sphinx import REPOSITORY_ENV, launch_enabled, launch_theme_options
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    configured = (config.get("repository") or {}).get("url") or ""
+    assert "github.com/wsbook/wsbook" not in configured, "that repository does not exist"
+    fork = "https://github.com/example/wsbook-fork"
+    missing = {**config, "repository": {k: v for k, v in config["repository"].items() if k != "url"}}
+    for cfg, environ, expected in [
+        (config, {}, configured),                                    # the book as committed
+        (missing, {}, ""),                                           # no repository.url at all
+        ({**config, "repository": {**config["repository"], "url": fork}}, {}, fork),
+        (config, {REPOSITORY_ENV: fork}, fork),                      # the environment names one
+    ]:
+        options = launch_theme_options(_theme_options(cfg), environ=environ)
+        repos = _launch_repos(options)
+        if expected:
+            assert launch_enabled(options) and repos and set(repos) == {expected}, (environ, repos)
+        else:
+            assert not launch_enabled(options) and not repos, f"launch buttons to {repos} ({environ})"
+            assert not options.get("repository_url")
+    # the hub stays configured for when a repository is named
+    assert (config["launch_buttons"] or {}).get("jupyterhub_url")
+
+
+# ------------------------------------------------------------------ cite page and introduction
+def test_cite_page_bibtex_needs_no_hand_edits():
+    from pybtex.database import parse_string
+
+    from wsbook.sphinx import bibtex_entry
+
+    stamp = {"wsbook_version": "0.1.0", "build_date": "2027-01-05", "build_scale": "default"}
+    for url in ("", "https://github.com/example/wsbook-fork"):
+        entry = bibtex_entry("Flows over Neural-Network Weights", stamp, url)
+        (key, parsed), = parse_string(entry, "bibtex").entries.items()
+        assert key == "wsbook2027" and parsed.type == "misc"
+        assert parsed.fields["title"] == "Flows over Neural-Network Weights"
+        assert parsed.fields["year"] == "2027"
+        assert parsed.fields["note"] == "wsbook 0.1.0, built 2027-01-05 at scale default"
+        assert str(parsed.persons["author"][0]) == "{wsbook contributors}"
+        assert parsed.fields.get("url", "") == url
+    page = (ROOT / "book" / "cite.md").read_text()
+    assert "```{wsbook-bibtex}" in page and "```bibtex" not in page
+
+
+def test_book_pages_use_only_known_substitutions_outside_code():
+    """A substitution inside inline code or a code block is printed literally (``{{ build_scale }}``)."""
+    import re
+
+    known = {"wsbook_version", "build_date", "build_scale", "default_chapter_times"}
+    for path in sorted((ROOT / "book").glob("*.md")):
+        text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+        names = set(re.findall(r"{{\s*(\w+)\s*}}", text))
+        assert names <= known, f"{path.name}: unknown substitutions {names - known}"
+        literal = [m for m in re.findall(r"`[^`\n]*`", text) if "{{" in m]
+        assert not literal, f"{path.name}: substitutions inside inline code stay literal: {literal}"
+        fenced = [m for m in re.findall(r"```.*?```", path.read_text(), flags=re.S) if "{{" in m]
+        assert not fenced, f"{path.name}: substitutions inside a code block stay literal"
+
+
+def test_intro_run_times_come_from_the_measurements():
+    from wsbook import sphinx
+
+    intro = (ROOT / "book" / "intro.md").read_text()
+    assert "{{ default_chapter_times }}" in intro and "a few minutes per chapter" not in intro
+    times = sphinx.read_chapter_times(ROOT / sphinx.CHAPTER_TIMES)
+    text = sphinx.chapter_time_summary(times)
+    seconds = [row["default"]["seconds"] for row in times.values() if row.get("default", {}).get("seconds")]
+    assert f"to {sphinx.format_duration(max(seconds))} a chapter" in text
+    assert f"about {sphinx.format_duration(sum(seconds) / 2)} for the whole book" in text
+    fake = {"a": {"default": {"seconds": 30.0, "machine": "m", "date": "d"}},
+            "b": {"default": {"seconds": 1200.0, "machine": "m", "date": "d"}}}
+    assert sphinx.chapter_time_summary(fake).startswith("from 30 s to 20 min a chapter")
+    assert sphinx.chapter_time_summary({}) == "not measured yet"
+
+
 # ------------------------------------------------------------------ code that fits the page
 CODE_COLUMN = 84  # characters a code cell shows without a horizontal scroll bar in the book's layout
 

@@ -7,20 +7,29 @@ plotly.js that ships with the installed ``plotly`` package into ``_static`` and 
 of the pages that draw a figure, and only those (about 4.6 MB that a page without figures never loads).
 
 The build stamp is available to every page as the MyST substitutions ``{{ wsbook_version }}``,
-``{{ build_date }}`` and ``{{ build_scale }}``, and is shown in the footer of every page.
+``{{ build_date }}`` and ``{{ build_scale }}``, and is shown in the footer of every page; the cite page's
+BibTeX entry is the directive ``wsbook-bibtex`` (:func:`bibtex_entry`, nothing to fill in by hand), and
+``{{ default_chapter_times }}`` sums up the measured ``default`` run times for the introduction.
 
-Every chapter page (``chapters/*``) opens with a "Run this chapter" box: how to open it in JupyterLab, at
-which scale, how to precompute what it reads, and its run time at ``ci`` and ``default`` as measured and
-recorded in one data file, ``book/chapter_times.csv`` (columns ``chapter, scale, seconds, machine,
-date``); the chapters themselves carry no numbers.
+Every chapter page (``chapters/*``) opens with a "Run this chapter" box, collapsed: how to open it in
+JupyterLab, at which scale, how to precompute what it reads, what JupyterLab does not render, and its run
+time at ``ci`` and ``default`` as measured and recorded in one data file, ``book/chapter_times.csv``
+(columns ``chapter, scale, seconds, machine, date``); the chapters themselves carry no numbers.
+
+Launch buttons (a chapter opened on a JupyterHub after nbgitpuller cloned the book's repository) appear
+only when a repository is configured: ``repository.url`` in ``_config.yml`` (empty by default) or the
+environment variable ``WSBOOK_REPOSITORY_URL``. Without one, the pages have no launch button and the box
+says how to run the chapter from a clone (:func:`launch_theme_options`).
 """
 from __future__ import annotations
 
 import csv
+import os
 import shutil
 from pathlib import Path
 
 from docutils import nodes
+from sphinx.util.docutils import SphinxDirective
 
 #: The measured run times of the chapters, relative to the book's root.
 CHAPTER_TIMES = "book/chapter_times.csv"
@@ -30,6 +39,12 @@ BOX_SCALES = ("ci", "default")
 #: The chapters whose artifacts ``python -m wsbook chapter/<prefix>`` computes ahead (the groups of
 #: ``wsbook.cli.groups``; a test keeps the two in step, the ground floor cannot import the CLI).
 PRECOMPUTE_GROUPS = ("chapter/08", "chapter/08b", "chapter/08c")
+#: The environment variable that names the book's repository (wins over ``repository.url``).
+REPOSITORY_ENV = "WSBOOK_REPOSITORY_URL"
+#: The repository jupyter-book fills in when ``_config.yml`` names none: not the book's, never linked.
+JUPYTER_BOOK_DEFAULT_REPOSITORY = "https://github.com/executablebooks/jupyter-book"
+#: The ``launch_buttons`` keys of sphinx-book-theme that make a launch button.
+LAUNCH_PROVIDERS = ("binderhub_url", "jupyterhub_url", "colab_url", "deepnote_url", "jupyterlite_url", "thebe")
 
 
 def _plotly_js() -> Path:
@@ -93,11 +108,61 @@ def build_stamp() -> dict[str, str]:
     return {"wsbook_version": release, "build_date": date, "build_scale": wsbook.scale()}
 
 
+def repository_url(theme_options: dict, environ=None) -> str:
+    """The book's repository: ``$WSBOOK_REPOSITORY_URL`` if set, else ``repository.url`` of ``_config.yml``
+    (``html_theme_options["repository_url"]``); ``""`` when neither names one (jupyter-book's own
+    repository, which it fills in for a missing ``repository.url``, counts as none)."""
+    environ = os.environ if environ is None else environ
+    url = (environ.get(REPOSITORY_ENV) or "").strip() or str(theme_options.get("repository_url") or "").strip()
+    return "" if url.rstrip("/") == JUPYTER_BOOK_DEFAULT_REPOSITORY else url
+
+
+def launch_theme_options(theme_options: dict, environ=None) -> dict:
+    """``html_theme_options`` with launch buttons only if a repository is configured (:func:`repository_url`):
+    with one, ``repository_url`` is set to it; without one, every launch provider is switched off and
+    ``repository_url`` dropped, so no page links to a repository that does not exist."""
+    options = dict(theme_options)
+    buttons = dict(options.get("launch_buttons") or {})
+    url = repository_url(options, environ)
+    if url:
+        options["repository_url"] = url
+    else:
+        options.pop("repository_url", None)
+        for key in LAUNCH_PROVIDERS:
+            if key in buttons:
+                buttons[key] = False if key == "thebe" else ""
+    options["launch_buttons"] = buttons
+    return options
+
+
+def launch_enabled(theme_options: dict) -> bool:
+    """Whether the pages get a launch button under these (already filtered) theme options."""
+    buttons = theme_options.get("launch_buttons") or {}
+    return bool(theme_options.get("repository_url")) and any(buttons.get(k) for k in LAUNCH_PROVIDERS)
+
+
+def chapter_time_summary(times: dict[str, dict[str, dict]], scale: str = "default", jobs: int = 2) -> str:
+    """One phrase for the introduction: the shortest and longest measured run time of a chapter at ``scale``
+    and the whole book's, the chapters ``jobs`` at a time (as ``make book`` runs them)."""
+    seconds = [row[scale]["seconds"] for row in times.values()
+               if scale in row and row[scale]["seconds"] is not None]
+    if not seconds:
+        return "not measured yet"
+    book = format_duration(sum(seconds) / jobs)
+    return (f"from {format_duration(min(seconds))} to {format_duration(max(seconds))} a chapter on a 2-core "
+            f"CPU and about {book} for the whole book, {jobs} chapters at a time, as measured in "
+            f"`{CHAPTER_TIMES}`")
+
+
 def _stamp(app, config) -> None:
     stamp = build_stamp()
     subs = dict(getattr(config, "myst_substitutions", None) or {})
     subs.update(stamp)
+    path = Path(app.srcdir) / CHAPTER_TIMES
+    subs["default_chapter_times"] = chapter_time_summary(read_chapter_times(path)) if path.exists() \
+        else "not measured yet"
     config.myst_substitutions = subs
+    config.html_theme_options = launch_theme_options(dict(config.html_theme_options or {}))
     options = dict(config.html_theme_options or {})
     footer = (f"wsbook {stamp['wsbook_version']}, built {stamp['build_date']} at scale "
               f"<code>{stamp['build_scale']}</code> (<a href=\"{_CITE_HREF}\">how to cite</a>)")
@@ -114,6 +179,55 @@ def _page_context(app, pagename, templatename, context, doctree) -> None:
     theme = context.get("theme_extra_footer")
     if theme and _CITE_HREF in theme and "pathto" in context:
         context["theme_extra_footer"] = theme.replace(_CITE_HREF, context["pathto"]("book/cite"))
+
+
+def _ipynb_download(app, pagename, templatename, context, doctree) -> None:
+    # sphinx-book-theme offers a text notebook's executed .ipynb for download only from its launch-button
+    # code (it copies the notebook into _sources there); without launch buttons do the same here, before
+    # the theme's header buttons are made (priority 501).
+    if not pagename.startswith("chapters/") or "kernelspec" not in app.env.metadata.get(pagename, {}):
+        return
+    executed = Path(app.outdir).parent / "jupyter_execute" / f"{pagename}.ipynb"
+    if not executed.exists():
+        return
+    target = Path(app.outdir) / "_sources" / f"{pagename}.ipynb"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(executed, target)
+    context["ipynb_source"] = f"{pagename}.ipynb"
+
+
+def bibtex_entry(title: str, stamp: dict[str, str], url: str = "") -> str:
+    """The BibTeX entry of this build: nothing to fill in. The year is the build date's, the note names
+    the version, date and scale (a build at another scale computes other numbers), ``url`` only if given."""
+    def esc(text: str) -> str:
+        for char in "&%#_$":
+            text = text.replace(char, "\\" + char)
+        return text
+
+    year = stamp["build_date"][:4]
+    fields = [("title", esc(title)), ("author", "{wsbook contributors}"), ("year", year),
+              ("note", esc(f"wsbook {stamp['wsbook_version']}, built {stamp['build_date']} at scale "
+                           f"{stamp['build_scale']}"))]
+    if url:
+        fields.append(("url", url))
+    width = max(len(name) for name, _ in fields)
+    body = "".join(f"  {name.ljust(width)} = {{{value}}},\n" for name, value in fields)
+    return f"@misc{{wsbook{year},\n{body}}}"
+
+
+class BibtexDirective(SphinxDirective):
+    """``wsbook-bibtex``: the BibTeX entry of this build as a code block (:func:`bibtex_entry`)."""
+
+    has_content = False
+
+    def run(self):
+        config = self.env.config
+        subs = getattr(config, "myst_substitutions", None) or {}
+        stamp = subs if all(k in subs for k in ("wsbook_version", "build_date", "build_scale")) else build_stamp()
+        url = repository_url(config.html_theme_options or {}, environ={})   # _stamp has applied the variable
+        text = bibtex_entry(config.html_title or config.project, stamp, url)   # html_title: `title`
+        block = nodes.literal_block(text, text, language="bibtex")
+        return [block]
 
 
 def _author_year_styles() -> None:
@@ -192,8 +306,11 @@ def precompute_group(chapter: str) -> str | None:
     return group if group in PRECOMPUTE_GROUPS else None
 
 
-def run_box(chapter: str, times: dict[str, dict[str, dict]], build_scale: str) -> nodes.admonition:
-    """The "Run this chapter" box of chapter ``chapter`` (a file stem such as ``07_method``)."""
+def run_box(chapter: str, times: dict[str, dict[str, dict]], build_scale: str,
+            launch: bool = False) -> nodes.admonition:
+    """The "Run this chapter" box of chapter ``chapter`` (a file stem such as ``07_method``), collapsed
+    until the reader opens it (sphinx-togglebutton's ``dropdown`` admonition). ``launch``: whether the page
+    has a launch button (a repository is configured); without one the box says how to run it from a clone."""
 
     def para(*parts) -> nodes.paragraph:
         out = nodes.paragraph()
@@ -201,18 +318,29 @@ def run_box(chapter: str, times: dict[str, dict[str, dict]], build_scale: str) -
             out += nodes.literal(part[1:-1], part[1:-1]) if part.startswith("`") else nodes.Text(part)
         return out
 
-    box = nodes.admonition(classes=["tip", "wsbook-run"])
+    box = nodes.admonition(classes=["tip", "dropdown", "wsbook-run"])
     box += nodes.title("", "Run this chapter")
     box += para("In JupyterLab: ", "`make lab`", " opens ", "`chapters/`", "; double-click ",
                 f"`{chapter}.md`", " and it opens as a notebook. The scale is read when the kernel starts: ",
                 "`WSBOOK_SCALE=ci make lab`", " (tiny, for the tests), ", "`default`",
                 " (this book) or ", "`full`", f" (a GPU server). This page was built at ", f"`{build_scale}`",
                 ".")
+    box += para("JupyterLab renders the math, but not everything this page resolves: citations show as "
+                "their keys, and each ", "`{glue}`", " shows its key instead of the number (the number is "
+                "the output of the cell that computes it, once that cell has run).")
     group = precompute_group(chapter)
     if group:
         box += para("Precompute what it reads (zoos, posteriors, flows) into the cache first: ",
                     f"`python -m wsbook {group} --scale full`", " (or under ", "`torchrun`",
                     "); ", "`python -m wsbook --list`", " shows what is cached.")
+    if launch:
+        box += para("Or open it on a JupyterHub: the launch button (the rocket at the top of the page) "
+                    "clones the book's repository there and opens this chapter in JupyterLab.")
+    else:
+        box += para("This build has no launch button (it names no repository): run the chapter from a clone "
+                    "with ", "`make lab`", " as above, or on a GPU server as the README's section "
+                    "\u201cRunning on a GPU server\u201d says (precompute with ", "`python -m wsbook`",
+                    ", then ", "`WSBOOK_SCALE=full make lab`", ").")
     measured = times.get(chapter, {})
     items = nodes.bullet_list()
     for scale in BOX_SCALES:
@@ -239,7 +367,8 @@ def _chapter_box(app, doctree) -> None:
     at = 1 if section.children and isinstance(section[0], nodes.title) else 0
     import wsbook
 
-    section.insert(at, run_box(docname.split("/", 1)[1], times, wsbook.scale()))
+    launch = launch_enabled(app.config.html_theme_options or {})
+    section.insert(at, run_box(docname.split("/", 1)[1], times, wsbook.scale(), launch=launch))
 
 
 def setup(app):
@@ -249,6 +378,8 @@ def setup(app):
     # scripts are added per page in _page_context.
     app.connect("config-inited", _stamp)
     app.connect("html-page-context", _page_context)
+    app.connect("html-page-context", _ipynb_download, priority=500)
+    app.add_directive("wsbook-bibtex", BibtexDirective)
     app.connect("build-finished", _finish_html)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
 
