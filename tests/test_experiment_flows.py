@@ -3,7 +3,7 @@ training and sampling, and the scores (the memorisation check must see replayed 
 import pytest
 import torch
 
-from wsbook.experiments import flows
+from wsbook.experiments import flows, protocol
 from wsbook.nets import MLPSpec
 from wsbook.weightflow import NeuronField, NeuronGraphField
 
@@ -43,16 +43,21 @@ def test_config_names_and_errors():
         flows.flow_config("geometric", steps=0)
 
 
-def test_split_is_by_whole_runs_with_a_disjoint_floor_group():
+def test_split_is_by_whole_runs_with_a_sealed_test_part():
     s = flows.zoo_split("breast_cancer", n_holdout=2)
-    held, other, train = (set(z.run.tolist()) for z in (s.held, s.other, s.train))
-    assert len(held) == len(other) == 2 and held.isdisjoint(train) and other <= train and held.isdisjoint(other)
-    assert len(s.train) + len(s.held) == len(s.zoo)
+    val, other, train = (set(z.run.tolist()) for z in (s.validation, s.other, s.train))
+    assert len(val) == len(other) == 2 and val.isdisjoint(train) and other <= train
+    with pytest.raises(protocol.SealedSplitError, match="test split"):
+        s.test.open()
+    test = protocol.final_report(lambda t: set(t.run.tolist()), s.test)
+    assert len(test) == 2 and test.isdisjoint(train | val)
+    assert len(s.train) + len(s.validation) + protocol.final_report(len, s.test) == len(s.zoo)
+    assert s.run_counts() == {"train": len(train), "validation": 2, "other": 2, "test": 2}
     assert (s.train.theta == s.reference).all(1).any(), "the reference is a training network"
     again = flows.zoo_split("breast_cancer", n_holdout=2)
-    assert torch.equal(again.held.run, s.held.run)
+    assert torch.equal(again.validation.run, s.validation.run)
     with pytest.raises(ValueError, match="n_holdout"):
-        flows.zoo_split("breast_cancer", n_holdout=len(s.zoo.runs))
+        flows.zoo_split("breast_cancer", n_holdout=len(s.zoo.runs) // 2)
 
 
 def test_train_sample_score_cached_and_replay_is_detected():
@@ -65,21 +70,27 @@ def test_train_sample_score_cached_and_replay_is_detected():
     again, _ = flows.sample_flow("breast_cancer", cfg, 12, steps=2)
     assert torch.equal(theta, again) and path.stat().st_mtime_ns == stamp
     split = flows.zoo_split("breast_cancer")
-    refs = flows.references(split, w2_n=16)
+    refs = flows.references(split, 12, w2_n=16)
+    assert refs.on == "validation" and refs.floor.n == 12 and refs.floor.runs == len(split.other.runs)
     row = flows.score(theta, refs, bma_k=8)
     assert row["n"] == 12 and row["mmd2_floor"] == refs.mmd2_floor and row["w2"] > 0
-    rows = flows.target_rows(refs, 16, bma_k=8)
-    # training checkpoints replayed: nearest-neighbour distance zero; held-out runs are farther away
-    assert rows["target"]["nn_train"] < 1e-3 * refs.nn_held
-    assert rows["other runs"]["nn_train"] < 1e-3 * refs.nn_held      # the floor's runs are training runs too
-    fresh = flows.score(split.held.theta[:16], refs, bma_k=8)
+    assert row["mmd_ratio"] == pytest.approx(row["mmd2"] / refs.floor.mean)
+    rows = flows.target_rows(refs, 12, bma_k=8)
+    assert list(rows) == list(flows.CONTROLS)
+    # training checkpoints replayed: nearest-neighbour distance zero; validation runs are farther away
+    assert rows["iid training checkpoints"]["nn_train"] < 1e-3 * refs.nn_held
+    assert rows["perfect generator"]["nn_train"] < 1e-3 * refs.nn_held   # its runs are training runs too
+    sets = flows.control_sets(refs, 12)
+    one = torch.isin(split.train.run, split.train.run[(split.train.theta[:, None] == sets["one run"][None]).all(-1).any(1)])
+    assert len(split.train.run[one].unique()) == 1, "the collapsed generator is one training run"
+    fresh = flows.score(split.validation.theta[:16], refs, bma_k=8)
     assert fresh["nn_train"] > 0.1 * refs.nn_held
     with pytest.raises(ValueError, match="guidance"):
         flows.sample_flow("breast_cancer", cfg, 4, guidance=-1.0)
-    # the ratio's interval: replayed training networks sit near zero, held-out networks around one
+    # the ratio's interval: replayed training networks sit near zero, validation networks around one
     replay = flows.nn_ratio_interval(split.train.theta[:32], refs, n_boot=200)
     assert replay["high"] < 1e-3
-    held = flows.nn_ratio_interval(split.held.theta, refs, n_boot=200)
+    held = flows.nn_ratio_interval(split.validation.theta, refs, n_boot=200)
     assert held["ratio"] == pytest.approx(1.0) and held["low"] < 1.0 < held["high"]
     with pytest.raises(ValueError, match="level"):
         flows.nn_ratio_interval(theta, refs, level=1.5)
@@ -98,3 +109,26 @@ def test_adam_curve_is_the_zoo_optimiser_after_k_steps():
     assert rows[1]["nll"] < rows[0]["nll"]
     with pytest.raises(ValueError, match="steps_list"):
         flows.adam_curve("breast_cancer", (0,), 4)
+
+
+def test_test_report_reads_the_sealed_runs_with_seeds_and_verdicts():
+    cfg = flows.baseline_config(steps=30, hidden=32, batch_size=16)
+    split = flows.zoo_split("breast_cancer")
+    sets = {"plain baseline": [flows.sample_flow("breast_cancer", cfg, 12, steps=2, seed=s, sample_seed=s + 1)[0]
+                               for s in (0, 1)]}
+    table = flows.test_report(split, sets, 12, seeds=3)
+    assert list(table.index) == ["plain baseline", *flows.CONTROLS]
+    assert table.loc["plain baseline", "seeds"] == 2 and table.loc["one run", "seeds"] == 3
+    assert set(table["MMD² verdict"]) <= set(protocol.VERDICTS)
+    assert table.attrs["on"] == "test" and table.attrs["floor"].runs == 2
+    # the perfect generator reads about one floor
+    pg = table.loc["perfect generator"]
+    assert abs(pg["mmd_ratio"] - 1) < 3 * pg["mmd_ratio_se"] + 0.5, table
+    assert table.loc["iid training checkpoints", "accuracy verdict"] == "—"
+    with pytest.raises(ValueError, match="2 seeds"):
+        flows.test_report(split, {"x": sets["plain baseline"][:1]}, 12)
+    with pytest.raises(ValueError, match="control"):
+        flows.test_report(split, {"one run": sets["plain baseline"]}, 12)
+    # after the report the test runs are sealed again
+    with pytest.raises(protocol.SealedSplitError):
+        split.test.open()

@@ -4,18 +4,21 @@ uses (book chapter 8; thesis 000, sec. 7.2-7.3).
 * :class:`FlowConfig`: which flow (chart, field, coupling, alignment) and how long it trains; its
   :attr:`~FlowConfig.name` is the row name of the chapter's tables (``"geometric_aligned_ot"``, the key of
   :mod:`wsbook.experiments.published`). :func:`flow_config` fills in the per-scale sizes.
-* :func:`zoo_split`: the one seeded split of a zoo into the runs a flow learns from, the held-out runs every
-  distance is measured against, and as many other runs for the noise floor; plus the reference network
-  the aligned charts match every network to.
+* :func:`zoo_split`: the one seeded split of a zoo by whole runs into training, validation and (sealed)
+  test runs (:mod:`wsbook.experiments.protocol`), plus the reference network the aligned charts match every
+  network to.
 * :func:`train_flow`: a cached :class:`~wsbook.weightflow.WeightFlow` (state dict and seconds under
   ``"flows/trained"``).
 * :func:`sample_flow`: cached samples (``"flows/samples"``), with or without task-loss guidance.
-* :func:`references` and :func:`score`: every generated set scored the same way: accuracy and NLL (mean +-
-  std over networks), the model average of 64, the function-space MMD^2 to held-out runs beside the floor of
-  two disjoint groups of runs, the median nearest-neighbour distance to the training zoo in the aligned,
-  canonical weight space against held-out runs' (memorisation), and the weight-space W2 with its floor.
-* :func:`nn_ratio_interval`: the memorisation ratio against all held-out networks, with a bootstrap
-  interval over whole held-out runs.
+* :func:`references` and :func:`score`: every generated set scored the same way against the validation
+  runs: accuracy and NLL (mean +- std over networks), the model average of 64, the function-space MMD^2 over
+  the perfect generator's floor, the median nearest-neighbour distance to the training zoo in the aligned,
+  canonical weight space over the reference runs' (memorisation), and the weight-space W2 with its floor.
+  :func:`target_rows` scores the control rows (:data:`CONTROLS`).
+* :func:`test_report`: the verdict on the test runs, mean +- standard error over training seeds, with a
+  verdict column per goal; the only reader of the test runs.
+* :func:`nn_ratio_interval`: the memorisation ratio against all reference networks, with a bootstrap
+  interval over whole runs.
 * :func:`steps_curve` and :func:`adam_curve`: sample quality against solver steps, and the optimiser after
   as many steps (thesis Fig. 7.3).
 
@@ -33,7 +36,7 @@ from torch import Tensor
 from wsbook import config, data
 from wsbook.bayes import distances
 from wsbook.cache import cached
-from wsbook.experiments import targets
+from wsbook.experiments import protocol, targets
 from wsbook.nets import train_population
 from wsbook.weightflow import (FlatField, GeometricChart, Guidance, NeuronField, NeuronGraphField, WeightFlow,
                                gnn_field, make_chart)
@@ -226,56 +229,36 @@ def baseline_config(**overrides) -> FlowConfig:
     return flow_config("euclidean", "aligned_ot", field="flat", **overrides)
 
 
+def breast_cancer_candidates() -> dict[str, FlowConfig]:
+    """Every flow chapter 8 trains on the breast-cancer zoo, by its table label: the nine chart x variant
+    flows of the thesis's Table 7.1 with the field that reads whole neurons (:func:`neuron_config`), the
+    ``"plain baseline"`` (:func:`baseline_config`), and the message-passing graph network on the Euclidean
+    aligned + OT flow at the table's budget (:func:`flow_config`) and extended (:func:`extended_config`,
+    labelled ``"<name>, extended"``). The command line precomputes the same set."""
+    cfgs = {c.name: c for c in (neuron_config(chart, v) for chart in CHARTS for v in VARIANTS)}
+    cfgs["plain baseline"] = baseline_config()
+    head = flow_config("euclidean", "aligned_ot")
+    cfgs[head.name] = head
+    cfgs[f"{head.name}, extended"] = extended_config()
+    return cfgs
+
+
 # ---------------------------------------------------------------------------------------------- splits
-@dataclass
-class ZooSplit:
-    """A zoo split by whole runs.
-
-    Attributes:
-        zoo: the whole zoo.
-        train: the runs flows learn from (everything but ``held``).
-        held: held-out runs; every distance to "the target" is measured against them.
-        other: as many runs as ``held``, disjoint from it (drawn from ``train``): the distance between
-            ``other`` and ``held`` is the noise floor of run-to-run variation.
-        reference: the network ``[1, D]`` the aligned charts match every network to (the last checkpoint
-            of the first training run).
-    """
-
-    zoo: targets.Zoo
-    train: targets.Zoo
-    held: targets.Zoo
-    other: targets.Zoo
-    reference: Tensor
-
-    @property
-    def spec(self):
-        return self.zoo.spec
-
-    @property
-    def data(self) -> data.Dataset:
-        return self.zoo.data
-
-
-def zoo_split(name: str, n_holdout: int | None = None, seed: int = 0) -> ZooSplit:
-    """The seeded split of zoo ``name`` (:func:`wsbook.experiments.targets.zoo`) used by every flow experiment.
+def zoo_split(name: str, n_holdout: int | None = None, seed: int = 0) -> protocol.RunSplit:
+    """The seeded split of zoo ``name`` (:func:`wsbook.experiments.targets.zoo`) used by every flow
+    experiment: ``n_holdout`` test runs (sealed), as many validation runs, the rest for training
+    (:func:`wsbook.experiments.protocol.split_runs`).
 
     Args:
         name: the zoo (``"breast_cancer"``, ``"mnist5k"``, ``"mnist5k_w32"``).
-        n_holdout: held-out runs (default: a fifth of the runs, at least 2).
+        n_holdout: test runs, and as many validation runs (default: a fifth of the runs each, at least 2
+            where the zoo has enough runs).
         seed: seeds the choice of runs.
     """
     z = targets.zoo(name)
     n_runs = len(z.runs)
-    n_holdout = max(2, n_runs // 5) if n_holdout is None else int(n_holdout)
-    if not 1 <= n_holdout <= (n_runs - 1) // 2:
-        raise ValueError(f"zoo_split: n_holdout must be in [1, {(n_runs - 1) // 2}] for a zoo of {n_runs} runs "
-                         f"(held-out runs, as many other runs, and at least one more); got {n_holdout}")
-    gen = torch.Generator().manual_seed(seed)
-    train, held = targets.split_runs(z, n_holdout, generator=gen)
-    _, other = targets.split_runs(train, n_holdout, generator=gen)
-    first = train.select(train.run == int(train.runs[0]))
-    reference = first.theta[first.step.argmax()][None].clone()
-    return ZooSplit(z, train, held, other, reference)
+    n_holdout = min((n_runs - 1) // 3, max(2, n_runs // 5)) if n_holdout is None else int(n_holdout)
+    return protocol.split_runs(z, n_holdout, seed)
 
 
 def build_field(spec, cfg: FlowConfig):
@@ -290,7 +273,7 @@ def build_field(spec, cfg: FlowConfig):
     return FlatField(spec, hidden=cfg.hidden, depth=cfg.depth)
 
 
-def build_flow(split: ZooSplit, cfg: FlowConfig) -> WeightFlow:
+def build_flow(split: protocol.RunSplit, cfg: FlowConfig) -> WeightFlow:
     """The untrained :class:`~wsbook.weightflow.WeightFlow` of ``cfg`` for the split's architecture."""
     spec = split.spec
     kw = {} if cfg.sigma is None else {"sigma": cfg.sigma}
@@ -319,7 +302,7 @@ class TrainedFlow:
         return self.config.name
 
 
-@cached("flows/trained", version=6)   # 6: FlowConfig.global_context
+@cached("flows/trained", version=7)   # 7: training runs exclude validation and test runs
 def _train_flow(zoo_name: str, n_holdout: int | None, split_seed: int, cfg: FlowConfig, seed: int) -> dict:
     split = zoo_split(zoo_name, n_holdout, split_seed)
     with config.seeded(seed):
@@ -344,7 +327,7 @@ def train_flow(zoo_name: str, cfg: FlowConfig, *, n_holdout: int | None = None, 
 
 
 # -------------------------------------------------------------------------------------------- sampling
-@cached("flows/samples", version=6)   # 6: FlowConfig.global_context
+@cached("flows/samples", version=7)   # 7: flows of the three-way split
 def _sample_flow(zoo_name: str, n_holdout: int | None, split_seed: int, cfg: FlowConfig, seed: int, n: int,
                  steps: int, method: str, guidance: float, guidance_schedule: str, sample_seed: int) -> dict:
     trained = train_flow(zoo_name, cfg, n_holdout=n_holdout, split_seed=split_seed, seed=seed)
@@ -385,77 +368,98 @@ def sample_flow(zoo_name: str, cfg: FlowConfig, n: int, *, steps: int = 16, meth
 # ------------------------------------------------------------------------------------------------ scoring
 @dataclass
 class References:
-    """What every generated set is compared with (computed once per split).
+    """What every generated set is compared with: one group of held-out runs (validation or test).
 
     Attributes:
         split: the zoo split.
-        probs_held, probs_other: test probabilities of the held-out runs and the floor's other runs.
-        bandwidth: the MMD kernel bandwidth shared by all rows (median heuristic on held and other).
+        on: ``"validation"`` or ``"test"``: which runs are the reference.
+        n: networks per generated set (the floor draws as many).
+        held, probs_held: the reference runs and their test-split probabilities ``[k, N, C]``.
+        source: the perfect generator's runs (the ``other`` training runs against validation; the validation
+            runs against test) and ``probs_source``, their probabilities.
+        bandwidth: the MMD kernel bandwidth shared by all rows (median heuristic on reference and source).
+        floor: the perfect generator's MMD^2 (:func:`~wsbook.experiments.protocol.perfect_generator_floor`).
         canonical: the chart that puts networks in the aligned, canonical weight space (weight matching
             to the split's reference, every hidden neuron normalised): distances there ignore both symmetries.
-        train_points: the training zoo in that space; nn_held: median nearest-neighbour distance from the
-            held-out runs to it (the memorisation yardstick).
-        w2_n: networks per set in the W2 distances; w2_floor: W2 between ``w2_n`` other-run and held-out
+        train_points, held_points: the training zoo and the reference runs in that space; nn_held: median
+            nearest-neighbour distance from the reference runs to the training zoo (the memorisation
+            yardstick).
+        w2_n: networks per set in the W2 distances; w2_floor: W2 between ``w2_n`` source and reference
             networks.
-        mmd2_floor: MMD^2 between the other and the held-out runs.
     """
 
-    split: ZooSplit
+    split: protocol.RunSplit
+    on: str
+    n: int
+    held: targets.Zoo
     probs_held: Tensor
-    probs_other: Tensor
+    source: targets.Zoo
+    probs_source: Tensor
     bandwidth: float
+    floor: protocol.Floor
     canonical: GeometricChart
     train_points: Tensor
     held_points: Tensor
-    other_points: Tensor
     nn_held: float
     w2_n: int
     w2_floor: float
-    mmd2_floor: float
+
+    @property
+    def mmd2_floor(self) -> float:
+        return self.floor.mean
 
 
 def _rows(n_total: int, k: int, gen: torch.Generator) -> Tensor:
-    return torch.randperm(n_total, generator=gen)[:min(k, n_total)]
+    return protocol.iid_rows(n_total, k, gen)
 
 
-def references(split: ZooSplit, w2_n: int = 128, max_train: int = 4000, seed: int = 0) -> References:
-    """The function-space and weight-space references of a split (see :class:`References`).
+def _references(split: protocol.RunSplit, held: targets.Zoo, source: targets.Zoo, on: str, n: int, w2_n: int,
+                max_train: int, seed: int) -> References:
+    gen = torch.Generator().manual_seed(seed)
+    x_test = split.data.x_test
+    p_held = targets.predictive_probs(split.spec, held.theta, x_test)
+    p_source = targets.predictive_probs(split.spec, source.theta, x_test)
+    h = distances.median_bandwidth(p_held, p_source, generator=gen)
+    floor = protocol.perfect_generator_floor(p_source, source.run, p_held, n, h, seed=seed)
+    canon = GeometricChart(split.spec, reference=split.reference[0].cpu())
+    train = split.train.theta[_rows(len(split.train), max_train, gen)].cpu()
+    train_pts, held_pts, source_pts = (canon.to_points(t) for t in (train, held.theta.cpu(), source.theta.cpu()))
+    held_q = held_pts[_rows(len(held_pts), w2_n, gen)]
+    nn_held = float(distances.median_nn_distance(held_q, train_pts))
+    w2_floor = float(distances.wasserstein2(source_pts[_rows(len(source_pts), w2_n, gen)], held_q))
+    return References(split, on, n, held, p_held, source, p_source, h, floor, canon, train_pts, held_pts, nn_held, w2_n,
+                      w2_floor)
+
+
+def references(split: protocol.RunSplit, n: int, w2_n: int = 128, max_train: int = 4000,
+               seed: int = 0) -> References:
+    """The validation references of a split (see :class:`References`): every distance to the validation
+    runs, the floor drawn from as many training runs. Everything a chapter chooses is read from these; the
+    test runs are reached only by :func:`test_report`.
 
     Args:
         split: from :func:`zoo_split`.
+        n: networks per generated set (the perfect generator draws as many).
         w2_n: networks per set in every W2 (W2 between finite sets depends on their size, so one size for all).
         max_train: the training zoo is subsampled to this many networks for nearest-neighbour distances.
         seed: the subsamples.
     """
-    gen = torch.Generator().manual_seed(seed)
-    x_test = split.data.x_test
-    p_held = targets.predictive_probs(split.spec, split.held.theta, x_test)
-    p_other = targets.predictive_probs(split.spec, split.other.theta, x_test)
-    h = distances.median_bandwidth(p_held, p_other, generator=gen)
-    canon = GeometricChart(split.spec, reference=split.reference[0].cpu())
-    train = split.train.theta[_rows(len(split.train), max_train, gen)].cpu()
-    train_pts, held_pts, other_pts = (canon.to_points(t) for t in (train, split.held.theta.cpu(),
-                                                                   split.other.theta.cpu()))
-    held_q = held_pts[_rows(len(held_pts), w2_n, gen)]
-    nn_held = float(distances.median_nn_distance(held_q, train_pts))
-    w2_floor = float(distances.wasserstein2(other_pts[_rows(len(other_pts), w2_n, gen)], held_q))
-    mmd_floor = float(distances.mmd2(p_other, p_held, bandwidth=h))
-    return References(split, p_held, p_other, h, canon, train_pts, held_pts, other_pts, nn_held, w2_n, w2_floor,
-                      mmd_floor)
+    return _references(split, split.validation, split.other, "validation", n, w2_n, max_train, seed)
 
 
 def score(theta: Tensor, refs: References, *, bma_k: int = 64, seed: int = 0) -> dict:
-    """Score generated networks ``theta [n, D]`` against the split's references.
+    """Score generated networks ``theta [n, D]`` against the references.
 
-    Returns a dict: ``accuracy``, ``accuracy_std``, ``nll``, ``nll_std`` (over networks, test split),
-    ``bma_accuracy``, ``bma_nll`` (model average of ``bma_k``), ``mmd2`` and ``mmd2_floor`` (to held-out
-    runs; floor: other runs), ``mmd_ratio`` (``sqrt(mmd2 / floor)``), ``nn_train`` (median nearest-neighbour
-    distance to the training zoo in the aligned canonical space) and ``nn_held`` (the same for held-out
-    runs), ``w2`` and ``w2_floor`` (to ``w2_n`` held-out networks).
+    Returns a dict: ``accuracy``, ``accuracy_std``, ``nll``, ``nll_std`` (over networks, the data's test
+    split), ``bma_accuracy``, ``bma_nll`` (model average of ``bma_k``), ``mmd2`` (to the reference runs) and
+    ``mmd2_floor`` (the perfect generator's), ``mmd_ratio`` (``mmd2 / floor``: a perfect generator reads 1),
+    ``nn_train`` (median nearest-neighbour distance to the training zoo in the aligned canonical space),
+    ``nn_held`` (the same for the reference runs) and ``nn_ratio`` (their ratio: below 1, nearer the
+    training checkpoints than new runs), ``w2`` and ``w2_floor`` (to ``w2_n`` reference networks).
 
     Args:
         theta: the networks (ordinary weights of the split's architecture).
-        refs: from :func:`references`.
+        refs: from :func:`references` (or inside :func:`test_report`).
         bma_k: members of the model average.
         seed: the subsamples (model average, W2 sets).
     """
@@ -468,11 +472,12 @@ def score(theta: Tensor, refs: References, *, bma_k: int = 64, seed: int = 0) ->
     pts = refs.canonical.to_points(theta.cpu())
     q = pts[_rows(len(pts), refs.w2_n, gen)]
     held_q = refs.held_points[_rows(len(refs.held_points), refs.w2_n, torch.Generator().manual_seed(seed + 1))]
+    nn_train = float(distances.median_nn_distance(q, refs.train_points))
     return dict(n=ev.n, accuracy=ev.accuracy, accuracy_std=ev.accuracy_std, nll=ev.nll, nll_std=ev.nll_std,
-                bma_accuracy=ev.bma_accuracy, bma_nll=ev.bma_nll, mmd2=mmd, mmd2_floor=refs.mmd2_floor,
-                mmd_ratio=math.sqrt(max(mmd, 0.0) / refs.mmd2_floor) if refs.mmd2_floor > 0 else math.inf,
-                nn_train=float(distances.median_nn_distance(q, refs.train_points)), nn_held=refs.nn_held,
-                w2=float(distances.wasserstein2(q, held_q)), w2_floor=refs.w2_floor)
+                bma_accuracy=ev.bma_accuracy, bma_nll=ev.bma_nll, mmd2=mmd, mmd2_floor=refs.floor.mean,
+                mmd_ratio=mmd / refs.floor.mean, nn_train=nn_train, nn_held=refs.nn_held,
+                nn_ratio=nn_train / refs.nn_held, w2=float(distances.wasserstein2(q, held_q)),
+                w2_floor=refs.w2_floor)
 
 
 def score_draws(zoo_name: str, cfg: FlowConfig, refs: References, n: int, *, steps: int = 16,
@@ -491,11 +496,12 @@ def score_draws(zoo_name: str, cfg: FlowConfig, refs: References, n: int, *, ste
 
 def nn_ratio_interval(theta: Tensor, refs: References, *, level: float = 0.95, n_boot: int = 1000,
                       seed: int = 0) -> dict:
-    """How much nearer to the training zoo generated networks are than held-out runs, with its uncertainty.
+    """How much nearer to the training zoo generated networks are than the reference runs, with its
+    uncertainty.
 
     The ratio is the median nearest-neighbour distance (aligned canonical space) of ``theta`` to the
-    training zoo over the same median for *all* held-out networks. The bootstrap interval resamples the
-    generated networks and the held-out runs as whole runs: a run's checkpoints are near-copies, so the run,
+    training zoo over the same median for *all* reference networks. The bootstrap interval resamples the
+    generated networks and the reference runs as whole runs: a run's checkpoints are near-copies, so the run,
     not the checkpoint, is the independent unit. Returns ``{"ratio", "low", "high"}``.
     """
     if not 0 < level < 1 or n_boot < 1:
@@ -504,7 +510,7 @@ def nn_ratio_interval(theta: Tensor, refs: References, *, level: float = 0.95, n
     train = refs.train_points
     d_gen = distances.nearest_neighbour_distances(refs.canonical.to_points(theta.cpu()), train)
     d_held = distances.nearest_neighbour_distances(refs.held_points, train)
-    runs = refs.split.held.run.cpu()
+    runs = refs.held.run.cpu()
     members = [torch.nonzero(runs == r).flatten() for r in runs.unique()]
     ratios = torch.empty(n_boot)
     for b in range(n_boot):           # bootstrap replicates, each a handful of tensor operations
@@ -516,14 +522,126 @@ def nn_ratio_interval(theta: Tensor, refs: References, *, level: float = 0.95, n
             "high": float(ratios.quantile(1 - tail))}
 
 
-def target_rows(refs: References, n: int, *, bma_k: int = 64, seed: int = 0) -> dict[str, dict]:
-    """The rows every generated set is read against, scored by :func:`score` on ``n`` networks each:
-    ``"target"`` (checkpoints of the training runs: what the flows learn from) and ``"other runs"`` (the
-    floor's runs, which the MMD and W2 floors compare with the held-out runs)."""
+#: the control rows of every table, in order: a perfect generator (iid across runs that are not the
+#: reference runs: reads 1 by construction of the floor), copies of the zoo (iid training checkpoints) and a
+#: collapsed generator (the checkpoints of a single training run)
+CONTROLS = ("perfect generator", "iid training checkpoints", "one run")
+
+
+def control_sets(refs: References, n: int, seed: int = 0) -> dict[str, Tensor]:
+    """The networks of the :data:`CONTROLS` rows, ``n`` each (the one run: all its checkpoints, at most
+    ``n``); ``seed`` picks the networks and the run."""
     gen = torch.Generator().manual_seed(seed)
-    train, other = refs.split.train.theta, refs.split.other.theta
-    return {"target": score(train[_rows(len(train), n, gen).to(train.device)], refs, bma_k=bma_k, seed=seed),
-            "other runs": score(other[_rows(len(other), n, gen).to(other.device)], refs, bma_k=bma_k, seed=seed)}
+    source, train = refs.source.theta, refs.split.train.theta
+    runs = refs.split.train.runs
+    one = refs.split.train.select(refs.split.train.run == runs[int(torch.randint(len(runs), (1,), generator=gen))])
+    return {"perfect generator": source[_rows(len(source), n, gen).to(source.device)],
+            "iid training checkpoints": train[_rows(len(train), n, gen).to(train.device)],
+            "one run": one.theta[_rows(len(one), n, gen).to(one.theta.device)]}
+
+
+def target_rows(refs: References, n: int, *, bma_k: int = 64, seed: int = 0) -> dict[str, dict]:
+    """The :data:`CONTROLS` rows scored by :func:`score` (see :func:`control_sets`)."""
+    return {k: score(theta, refs, bma_k=bma_k, seed=seed) for k, theta in control_sets(refs, n, seed).items()}
+
+
+# ------------------------------------------------------------------------------------------ the verdict
+#: the columns of :func:`test_report` read as mean +- standard error over seeds
+REPORT_COLUMNS = ("accuracy", "bma_nll", "mmd_ratio", "nn_ratio")
+
+
+def _test_table(test: targets.Zoo, *, split: protocol.RunSplit, sets: dict[str, list[Tensor]], n: int,
+                seeds: int, mmd_goal: float, nn_goal: tuple[float, float], anchor: str):
+    import pandas as pd
+
+    refs = _references(split, test, split.validation, "test", n, w2_n=128, max_train=4000, seed=0)
+    scored = {k: [score(t, refs) for t in thetas] for k, thetas in sets.items()}
+    for s in range(seeds):
+        for k, theta in control_sets(refs, n, seed=1000 + s).items():
+            scored.setdefault(k, []).append(score(theta, refs, seed=s))
+    rows = {}
+    for label, runs in scored.items():
+        row = {"seeds": len(runs)}
+        for col in REPORT_COLUMNS:
+            values = [r[col] for r in runs]
+            if col == "mmd_ratio":
+                row[col], row[f"{col}_se"] = refs.floor.ratio([r["mmd2"] for r in runs])
+            else:
+                row[col], row[f"{col}_se"] = protocol.mean_se(values)
+        rows[label] = row
+    table = pd.DataFrame(rows).T
+    base = table.loc[anchor]
+    acc_se = (table["accuracy_se"] ** 2 + base["accuracy_se"] ** 2) ** 0.5
+    nll_se = (table["bma_nll_se"] ** 2 + base["bma_nll_se"] ** 2) ** 0.5
+    table["MMD² verdict"] = [protocol.verdict(r.mmd_ratio, r.mmd_ratio_se, mmd_goal) for r in table.itertuples()]
+    table["memorisation verdict"] = [protocol.bound_verdict(r.nn_ratio, r.nn_ratio_se, *nn_goal)
+                                     for r in table.itertuples()]
+    table["accuracy verdict"] = [protocol.verdict(a, se, base["accuracy"], "higher")
+                                 for a, se in zip(table["accuracy"], acc_se)]
+    table["BMA-64 NLL verdict"] = [protocol.verdict(v, se, base["bma_nll"]) for v, se in zip(table["bma_nll"], nll_se)]
+    table.loc[anchor, ["accuracy verdict", "BMA-64 NLL verdict"]] = "—"
+    table.attrs.update(floor=refs.floor, on="test", runs=split.run_counts(), n=n, mmd_goal=mmd_goal,
+                       nn_goal=nn_goal, anchor=anchor)
+    return table
+
+
+def test_report(split: protocol.RunSplit, sets: dict[str, list[Tensor]], n: int, *, seeds: int = 3,
+                mmd_goal: float = 2.0, nn_goal: tuple[float, float] = (1.0, 0.95),
+                anchor: str = "iid training checkpoints"):
+    """The verdict table on the test runs (:func:`wsbook.experiments.protocol.final_report`): the only
+    function that reads them.
+
+    Every generated set of ``sets`` (one tensor of ``n`` networks per training seed of its flow) and
+    ``seeds`` draws of each :data:`CONTROLS` row are scored against the test runs with the perfect
+    generator's floor drawn from the validation runs. Returns a DataFrame, one row per set: ``seeds``, the
+    mean and standard error (``*_se``) of :data:`REPORT_COLUMNS`, and the verdict columns (see
+    :func:`wsbook.experiments.protocol.verdict`): MMD^2 ratio at most ``mmd_goal``; nearest-neighbour ratio
+    at least ``nn_goal[0]`` with its lower 2-se bound at least ``nn_goal[1]``
+    (:func:`~wsbook.experiments.protocol.bound_verdict`); accuracy and BMA-64 NLL against the ``anchor``
+    row (no worse: *level* or *met*). ``table.attrs`` holds the floor, the run counts and the goals.
+    """
+    if not sets or any(len(v) < 2 for v in sets.values()):
+        raise ValueError("test_report: every set needs at least 2 seeds (a mean and a standard error)")
+    clash = set(sets) & set(CONTROLS)
+    if clash:
+        raise ValueError(f"test_report: {sorted(clash)} name control rows")
+    return protocol.final_report(_test_table, split.test, split=split, sets=sets, n=n, seeds=seeds,
+                                 mmd_goal=mmd_goal, nn_goal=nn_goal, anchor=anchor)
+
+
+#: the training seeds of every flow in a verdict table
+SEEDS = (0, 1, 2)
+
+
+def verdict_table(zoo_name: str, candidates: dict[str, FlowConfig], n: int, steps: int, *,
+                  baselines: tuple[str, ...] = ("plain baseline",), seeds: tuple[int, ...] = SEEDS, **goals):
+    """The protocol end to end: choose on validation runs, train the chosen flow over ``seeds``, judge on
+    test runs.
+
+    Every candidate's seed-0 sample (``n`` networks, ``steps`` midpoint steps, :func:`sample_flow`) is scored
+    against the validation runs; the chosen flow is the one with the lowest MMD^2 among those no nearer to
+    the training zoo than validation runs are (nearest-neighbour ratio at least 1; all candidates when none
+    is). The chosen flow and every ``baselines`` label are then trained once per seed, each seed sampled
+    with its own source points, and :func:`test_report` scores them on the test runs. ``goals`` go to
+    :func:`test_report`.
+
+    Returns the table of :func:`test_report` with ``attrs["selected"]`` (the chosen label) and
+    ``attrs["validation"]`` (every candidate's validation scores).
+    """
+    missing = [b for b in baselines if b not in candidates]
+    if missing:
+        raise ValueError(f"verdict_table: baselines {missing} are not among the candidates")
+    split = zoo_split(zoo_name)
+    refs = references(split, n)
+    validation = {label: score(sample_flow(zoo_name, cfg, n, steps=steps)[0], refs)
+                  for label, cfg in candidates.items()}
+    chosen = protocol.select_best({k: v for k, v in validation.items() if k not in baselines}, "mmd2",
+                                  admissible=lambda s: s["nn_ratio"] >= 1)
+    sets = {label: [sample_flow(zoo_name, candidates[label], n, steps=steps, seed=s, sample_seed=s + 1)[0]
+                    for s in seeds] for label in (chosen, *baselines)}
+    table = test_report(split, sets, n, **goals)
+    table.attrs.update(selected=chosen, validation=validation)
+    return table
 
 
 # ---------------------------------------------------------------------------------------- steps and Adam
