@@ -124,19 +124,18 @@ class FlowConfig:
 
 
 def solver_steps() -> int:
-    """Midpoint steps with which chapter 8 samples its breast-cancer flows at the current scale (16 and 32
-    steps gave the same scores at ``default``: the OT paths are nearly straight)."""
+    """Midpoint steps with which chapter 8 samples its breast-cancer flows at the current scale (few: the OT
+    paths are nearly straight; measurements: docs/tuning-log.md)."""
     return config.by_scale(4, 16, 64)
 
 
 def flow_config(chart: str, variant: str = "aligned_ot", field: str = "gnn", **overrides) -> FlowConfig:
     """The book's flow ``chart`` x ``variant`` (a key of :data:`VARIANTS`) with the per-scale training sizes.
 
-    The GNN is what costs on a CPU (about 0.1 s per step of 32 breast-cancer networks with ``dim=16``,
-    ``n_layers=2`` on one busy core), so ``default`` gives it a few hundred steps; ``full`` is sized for a GPU
-    (the thesis's 250,000 iterations for breast cancer).
-    The neuron field costs about half the GNN's time per step and learns far more per step, so it gets a
-    thousand steps at ``default``. The flat baseline is cheap and gets more steps, as a user would give it.
+    The GNN is what costs on a CPU, so ``default`` gives it a few hundred steps; ``full`` is sized for a GPU
+    (the thesis's 250,000 iterations for breast cancer). The neuron field is cheaper per step and learns
+    more per step, so it gets a thousand steps at ``default``. The flat baseline is cheap and gets more
+    steps, as a user would give it. Timings and measurements: docs/tuning-log.md.
 
     Args:
         chart: ``"euclidean"``, ``"normalized"`` or ``"geometric"``.
@@ -150,35 +149,13 @@ def flow_config(chart: str, variant: str = "aligned_ot", field: str = "gnn", **o
     s = config.by_scale
     if field == "gnn":
         # on an aligned chart the field reads the mean aligned network as an anchor, so it knows which
-        # aligned neuron it looks at (GNNField); at default sizes this lifted the Euclidean aligned+OT flow's
-        # accuracy from 0.80 (pairs aligned to their source partner instead, Klein et al. 2023) to 0.96, the
-        # Geometric from 0.50. Without alignment the mean network identifies no neuron (it is close to zero):
-        # there the field stays equivariant and every target is aligned to its source partner (Euclidean
-        # plain at default: accuracy 0.55 with the meaningless anchor, 0.86 without it)
+        # aligned neuron it looks at (GNNField); without alignment the mean identifies no neuron, so the field
+        # stays equivariant and every target is aligned to its source partner (measurements: docs/tuning-log.md)
         sizes = dict(dim=s(8, 16, 32), n_layers=s(1, 2, 3), steps=s(40, 400, 250_000), batch_size=s(16, 32, 64),
                      lr=3e-3, anchored=aligned, align_pairs=not aligned)
     elif field == "neuron":
-        # about 0.05 s a step of 64 breast-cancer networks on one core (the GNN: 0.11 with three layers);
-        # measured at default (128 networks, 16 midpoint steps, function-space MMD in noise floors): all nine
-        # table flows at 1000 steps 1.8 (Euclidean aligned + OT) to 4.5 (Normalized plain), accuracy
-        # 0.956-0.961 (target 0.960), 50-70 s each. Euclidean aligned + OT over longer runs (two draws each):
-        # 3000 steps at lr 1e-3 1.87 / 1.86, 6000 steps 1.61 / 1.49; 3000 steps at lr 3e-3 1.73 / 1.36
-        # (training seed 1: 1.39 / 1.41), 6000 steps at 3e-3 1.4-2.0 over four draws; the nearest-neighbour
-        # ratio falls from 0.99 to 0.94 as training lengthens.
-        # Tried against memorisation, Euclidean aligned + OT, training seed 0, four draws (source seeds 1-4;
-        # MMD in floors mean +- sd, nn ratio = score's nn_train / nn_held, range over the draws): this
-        # configuration 2.05 +- 0.21, 0.975-0.982. A Gaussian path of width s (I-CFM; per coordinate; the
-        # checkpoints of one run are 0.046 apart in the chart, runs 3.8): s = 0.01 2.00, 0.02 2.02, 0.04
-        # 2.15, 0.08 2.71, 0.15 4.20, the ratio 0.96-0.99 throughout (path noise does not move the samples
-        # away from the training zoo). Source scale 0.03 2.52 (ratio 0.98-1.00), 0.05 2.15 (0.99-1.01),
-        # 0.07 2.03 (0.98-0.99), 0.2 2.16 (0.98-0.99). 500 steps (what early stopping on the ratio would
-        # pick) 2.60 (0.98-1.00); batches of 128 1.92 (0.98-0.99); every fifth checkpoint of each run 2.31
-        # (0.98-0.99). Every setting lies on one front: the closer in MMD, the nearer to the training
-        # checkpoints (AdamW weight decay 0.1 / 0.3 / 1.0, 2026-11-26: 2.13 / 2.25 / 2.48, ratio 0.975-0.984 /
-        # 0.980-0.987 / 0.987-1.011; chapter 8 shows the source's scale). Samples sit about 2 % nearer than
-        # held-out runs at every quantile, slightly nearer the zoo's mean, and their nearest training network
-        # is a late checkpoint (the dense end of a run) a little more often than a held-out network's (0.75
-        # against 0.68 in the last fifth of the run)
+        # the field that reads whole neurons, anchored on aligned charts like the GNN; its steps and learning
+        # rate were chosen by MMD and memorisation (measurements: docs/tuning-log.md)
         sizes = dict(hidden=s(32, 128, 256), n_layers=s(1, 2, 3), steps=s(150, 1000, 50_000),
                      batch_size=s(16, 64, 64), lr=3e-3, anchored=aligned, align_pairs=not aligned)
     else:
@@ -188,28 +165,15 @@ def flow_config(chart: str, variant: str = "aligned_ot", field: str = "gnn", **o
 
 def extended_config(**overrides) -> FlowConfig:
     """The headline flow (Euclidean chart, aligned + OT, graph-network field) with the longer budget and
-    the settings that brought it closest to held-out breast-cancer runs on a CPU: :data:`EXTENDED_STEPS`
-    times the steps of :func:`flow_config`, batches of 64 networks, a learning rate of ``1e-2``
-    (cosine-decayed to 5 % as always), three message-passing layers (at ``ci``: the table's field and
-    batch), and a field whose layers also read a global summary of the network (``global_context``, a
-    virtual node).
+    the settings kept for it on a CPU (chosen against the runs that are now the test runs, before the
+    results protocol; see docs/tuning-log.md): :data:`EXTENDED_STEPS` times the steps of
+    :func:`flow_config`, batches of 64 networks, a learning rate of ``1e-2`` (cosine-decayed to 5 % as
+    always), three message-passing layers (at ``ci``: the table's field and batch), and a field whose
+    layers also read a global summary of the network (``global_context``, a virtual node).
 
-    Measured at ``default`` (chapter 8's scores: function-space MMD to held-out runs in noise floors, 128
-    networks, 16 midpoint steps; one change at a time). From 1600 steps at ``lr=3e-3`` (3.8 floors):
-    ``lr=1e-2`` 3.2 (``3e-2``: 6.6); EMA decay 0.999, Beta(1,2) times, the endpoint parametrisation and more
-    or higher-order solver steps did not help. The networks came out too alike: a test point's predicted
-    probability varied over them by 0.058 (standard deviation, mean over test points), over held-out runs
-    by 0.084. Most of the zoo's spread in function space is how far a run had trained when a checkpoint was
-    taken, a property of the whole network; a purely local field decides it neuron by neuron, and the
-    average of many local guesses concentrates. With the global context: 0.070 and 2.7 floors; 4000 steps
-    2.2 (training seed 1: 2.5; 8000 steps: 2.3). Then depth, at 4000 steps (training seeds 0 / 1): three
-    layers 2.06 / 1.87, four 1.82 / 3.68 (an unstable run), five 2.13; width 32 at this learning rate 5.3;
-    three layers with batches of 64 (this configuration): 1.90 / 2.08. The score of one set of 128
-    networks varies by about +-0.15 floors with the sampling seed alone (this configuration, seed 0: 1.90,
-    2.12, 2.21, 2.12 over four draws; 2.12 with 512 networks). Four layers at ``lr=5e-3``: 1.94 / 1.97, but
-    over four draws 1.94-2.23 / 1.89-2.31 and 2.16 with 512 networks, so no better and slower. Samples
-    stay as far from the training zoo as held-out runs (nearest-neighbour ratio 0.99-1.00). About 0.13 s a
-    step on one busy core.
+    The global summary is there because most of the zoo's spread in function space is how far a run had
+    trained, a property of the whole network that a purely local field would decide neuron by neuron. The
+    measurements behind these settings, one change at a time: docs/tuning-log.md.
     """
     s = config.by_scale    # `ci` keeps the table's small field and batch: a check, not a measurement
     return flow_config("euclidean", "aligned_ot", **{"steps": EXTENDED_STEPS * flow_config("euclidean").steps,
@@ -484,7 +448,7 @@ def score_draws(zoo_name: str, cfg: FlowConfig, refs: References, n: int, *, ste
                 sample_seeds: tuple[int, ...] = (1, 2, 3, 4), **kwargs):
     """:func:`score` of several sets of ``n`` networks from one trained flow, each from other source points
     (``sample_seeds``; seed 1 is :func:`sample_flow`'s default, the tables' set). One set of networks is one
-    draw: its MMD ratio varies with the source points alone by about a tenth of its value. Returns a
+    draw: its MMD ratio varies with the source points alone (by how much: docs/tuning-log.md). Returns a
     DataFrame with one row per sample seed; ``kwargs`` go to :func:`sample_flow`."""
     import pandas as pd
 

@@ -74,9 +74,9 @@ class FlowSettings:
 
 
 def flow_settings() -> FlowSettings:
-    """The posterior flows' sizes at the current scale (the one place they are chosen). On a CPU the GNN
-    field costs about a third of a second per training step on the 30-16-16-2 graph, so `ci` and `default`
-    use the flat field on aligned weights; `full` (a GPU) uses the GNN."""
+    """The posterior flows' sizes at the current scale (the one place they are chosen). The GNN field is
+    slow on a CPU, so `ci` and `default` use the flat field on aligned weights; `full` (a GPU) uses the GNN
+    (timing: docs/tuning-log.md)."""
     s = config.by_scale
     return FlowSettings(field=s("flat", "flat", "gnn"), width=s(256, 512, 32), depth=s(3, 3, 3),
                         steps=s(400, 3000, 20000), batch_size=s(64, 128, 256), lr=s(2e-3, 1e-3, 1e-3),
@@ -99,8 +99,8 @@ class KLSettings:
 
 
 def kl_settings() -> KLSettings:
-    """The reverse-KL training's sizes at the current scale (about 0.13 s per step at `default` on one CPU
-    thread: 64 samples, 8 Euler steps of the flat field with a divergence probe, backpropagated)."""
+    """The reverse-KL training's sizes at the current scale (a step: ``batch_size`` samples through
+    ``solver_steps`` Euler steps with a divergence probe, backpropagated; timing: docs/tuning-log.md)."""
     s = config.by_scale
     return KLSettings(steps=s(150, 3000, 10000), batch_size=s(32, 64, 256), lr=1e-3, ema_decay=s(0.9, 0.99, 0.995),
                       solver_steps=s(8, 8, 16))
@@ -223,32 +223,9 @@ class JointSettings:
 def joint_settings() -> JointSettings:
     """The sizes at the current scale (a joint step costs about two reverse-KL steps: the draws' path back to
     the source doubles the work)."""
-    # Measured at default (8 sets of 128 networks; MMD^2 / TV to the held-out HMC run; VI 0.0126 / 0.0228).
-    # From one VI fit (the closing note of 2026-11-25), w in 2 / 4 / 10 / 30 / 100: the draws' term widens
-    # the samples in function space as w grows, and MMD reaches VI's level only where TV rises past VI's.
-    # From a mixture of K fits (2026-11-26), K = 4: the density phase alone 0.0143 / 0.0158 (spread narrower
-    # than HMC's); then 600 joint steps, one training each, w = 1: 0.0116 / 0.0164, w = 5: 0.0109 / 0.0198,
-    # w = 10: 0.0126 / 0.0224 (spread far wider than HMC's); w = 3 over four trainings (other VI fits and
-    # seeds): MMD^2 10.6 to 13.9 x 1e-3 (mean 0.0120), TV 0.0171 to 0.0198: closer than VI in TV every time, level
-    # in MMD. K = 8 with w = 3, two trainings: 0.0114 / 0.0187 and 0.0125 / 0.0204; 1200 joint steps 0.0123 /
-    # 0.0177; joint lr 1e-3 0.0127 / 0.0177: none better. The untrained source's weights (2026-11-26, 16 fits
-    # of seed 0, no flow): equal 0.0124 / 0.0186; the 4 fits nearest the training draws (run 0) in MMD 0.0129
-    # / 0.0212; weights minimising the mixture's MMD to run 0 (a quadratic programme; 3 fits kept) 0.0134 /
-    # 0.0215; the best fit alone 0.0128 / 0.0209; fits started at run-0 draws (K = 8, 32) 13.5 to 13.9 x 1e-3. A
-    # mixture of mean-field Gaussians stays near VI's MMD however it is weighted: the shape is the flow's work.
-    # Three times the draws (HMC runs 0, 2 and 3 of the same settings, 4800), seed 0: 0.0125 / 0.0176, no
-    # better; this flow sampled with its training solver (8 Euler steps) or RK4: within 3e-4 of the midpoint's.
-    # More budget, seed 0: a density phase of 4500 steps 0.0145 / 0.0165, joint batches of 192 0.0152 / 0.0163:
-    # TV improves, MMD does not (the networks' median training log-likelihood only -46 to -48, from -52).
-    # The field (2026-11-26, later; ELBO from RK4 16 steps, 256 samples, VI's -187): the flat MLP above ends
-    # at an ELBO of -193 (penalty 0.01) or -185 (penalty 1). A NeuronGraphField (node width 32, edge width 8, one round)
-    # with penalty 0.01 games its 8 Euler steps: training loss about 150 where the fine solver finds an ELBO of
-    # -179 to -242 over seeds 0 / 1 / 2, and MMD^2 from 8.9 to 18.7 x 1e-3 (width 64 with two rounds: -282, 36.8
-    # x 1e-3). With penalty 1 the two agree within 9 nats and the bound beats every other: seed 0 -166.5 +- 3.2
-    # (MMD^2 11.3 and TV 18.2 x 1e-3), seed 1 -164.2 +- 3.2 (12.3 and 19.6 x 1e-3): MMD level with VI, TV closer.
-    # Chapter 8c's bound of seed 0 (512 samples, other probes): -174 +- 3.3, level with the reverse-KL flow's.
-    # This field, seed 0, one change each: w = 1 ELBO -153.4 +- 1.4 but MMD^2 13.5 (TV 16.3) x 1e-3; 1200 joint
-    # steps -167 +- 3.7, MMD^2 13.1 (TV 22.1) x 1e-3: a higher bound costs MMD, and longer training buys neither.
+    # the forward weight, the number of VI fits, the budget and (JointSettings' defaults) the small neuron
+    # field with a high Jacobian penalty are what the sweeps kept (tuned against HMC run 1; measurements:
+    # docs/tuning-log.md)
     s = config.by_scale
     return JointSettings(components=s(2, 4, 4), density_steps=s(100, 1500, 6000), density_lr=1e-3,
                          steps=s(50, 600, 2400), lr=3e-4, batch_size=s(32, 64, 256), ema_decay=s(0.9, 0.99, 0.995),
@@ -304,7 +281,7 @@ def posterior_flow_joint(task: str = "breast_cancer", seed: int = 0) -> tuple[We
     at zero, and every draw is aligned by weight matching to the fit's mean it lies nearest to (the posterior
     is symmetric and multimodal; one flow carries every component to its mode). The field's Jacobian penalty
     is high (``jacobian_penalty``): with the reverse-KL flow's small one, the neuron field learns to exploit
-    the error of the few Euler steps it is trained with (see :func:`joint_settings`). Reverse KL alone then
+    the error of the few Euler steps it is trained with (measurements: docs/tuning-log.md). Reverse KL alone then
     trains the flow (:meth:`WeightFlow.fit_reverse_kl`), and a second, shorter phase at a lower learning rate
     adds the draws' likelihood: ``KL(q || p) + w * E_draws[-log q]`` (sizes and ``w`` from
     :func:`joint_settings`). The density makes the networks fit the
@@ -409,8 +386,7 @@ def guided(flow: WeightFlow, n: int, weight: float = 2.0, task: str = "breast_ca
         task: the task whose training data guide.
         generator: draws the source points and the prior draws.
         steps: midpoint steps (default: :func:`flow_settings` ``.sample_steps``). Guidance acts like gradient
-            descent along the path: a few large steps overshoot (4 steps at ``weight=2`` raise the loss of
-            prior draws instead of lowering it).
+            descent along the path: a few large steps overshoot (measurements: docs/tuning-log.md).
     """
     from wsbook.flows import solve_ode
     from wsbook.weightflow import Guidance
