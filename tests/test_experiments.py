@@ -289,24 +289,6 @@ def test_merge_canonical_forms_paths_and_orbit_pairs():
         merge_canonical_forms(ae, a, partner, images[:, :10])
 
 
-def test_sampling_cost_reads_the_posterior_sample_lines_of_the_benchmark_results(tmp_path, monkeypatch):
-    from wsbook.experiments import performance, summary
-
-    results = tmp_path / "results.csv"
-    results.write_text("# date: today\n# platform: Linux\n# cpu_count: 2\nscript,name,ours,baseline,ratio,against\n"
-                       "bench_hmc,hmc_32_chains,1.0,2.0,2.0,baseline\n"
-                       "bench_weightflow,posterior_sample_mnist5k_gnn_flow_8_midpoint_steps,0.04,3.2,80.0,baseline\n"
-                       "bench_weightflow,posterior_sample_breast_cancer_posterior_flow_32_midpoint_steps,0.002,"
-                       "0.03,15.0,baseline\n")
-    monkeypatch.setattr(performance, "RESULTS", results)
-    cost = summary.sampling_cost()
-    assert sorted(cost.index) == [("breast_cancer", "posterior"), ("mnist5k", "gnn")]
-    assert cost.loc[("mnist5k", "gnn"), "steps"] == 8
-    assert cost.loc[("mnist5k", "gnn"), "ratio"] == pytest.approx(80.0)
-    monkeypatch.setattr(performance, "RESULTS", tmp_path / "absent.csv")
-    assert summary.sampling_cost().empty
-
-
 def test_shifted_digits_keep_the_inputs_and_classes_of_the_pooled_digits():
     from wsbook import data as wdata
     from wsbook.experiments import alignment

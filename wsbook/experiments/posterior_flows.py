@@ -612,15 +612,176 @@ def memorisation(flow: WeightFlow, points: Tensor, task: str = "breast_cancer") 
             "run1_to_train": float(median_nn_distance(other, train))}
 
 
-def cost(flow_seconds: float, sample_seconds: float, n: int, task: str = "breast_cancer") -> dict:
-    """Seconds per network drawn from a flow (its draws are independent) against HMC's seconds per effective
-    sample (reference run 0: wall time over the median function-space ESS of its test predictive)."""
-    ref = targets.hmc_reference(task, 0)
-    hmc_per_ess = ref.seconds / float(ref.diagnostics["ess_median"])
+# ----------------------------------------------------------------------------- end-to-end cost
+#: a function of the HMC reference counts as converged below this split-R-hat ...
+RHAT_LIMIT = 1.05
+#: ... and the reference as converged when this share of its functions (test points and classes) is
+RHAT_SHARE = 0.95
+#: the cost goal: a flow sample at least this many times cheaper than an effective HMC sample, training
+#: included
+COST_GOAL = 10.0
+#: the flows are also priced with their training spread over this many times the samples a page draws
+COST_MORE = 10
+#: how the cost sentences name a task
+TASK_LABELS = {"breast_cancer": "breast-cancer", "mnist5k": "MNIST"}
+
+
+class NoCost(ValueError):
+    """A cost that cannot be measured: the task's HMC reference has not converged (the message says how
+    far, :func:`cost_refusal`)."""
+
+
+def rhat_quantile(ref: "targets.Reference", q: float = RHAT_SHARE) -> float:
+    """The ``q`` quantile of the function-space split-R-hat of HMC reference ``ref`` over its test points and
+    classes (the statistic of :func:`targets.hmc_reference`'s diagnostics, which report the median, the 90th
+    percentile and the maximum)."""
+    probs = ref.probs
+    draws = probs.view(ref.draws_per_chain, ref.n_chains, *probs.shape[1:])     # rows are draw-major
+    return float(M.split_rhat(draws).flatten().quantile(q))
+
+
+def cost_refusal(task: str) -> str | None:
+    """``None`` when ``task``'s HMC reference (run 0) has converged, a split-R-hat below
+    :data:`RHAT_LIMIT` for :data:`RHAT_SHARE` of its functions; otherwise the sentence that says no cost
+    can be measured against it, with the quantile computed."""
+    return _refusal(task, rhat_quantile(targets.hmc_reference(task, 0)))
+
+
+def _refusal(task: str, p: float) -> str | None:
+    if p < RHAT_LIMIT:
+        return None
+    shown = f"{p:.3f}" if p < 10 else f"{p:.0f}"
+    return (f"no {TASK_LABELS.get(task, task)} cost can be measured: the HMC reference has not converged "
+            f"(R-hat p{100 * RHAT_SHARE:.0f} = {shown})")
+
+
+def cost_verdict(ratio_n: float, ratio_more: float, goal: float = COST_GOAL) -> str:
+    """The cost goal's word: ``"met"`` when a flow sample is at least ``goal`` times cheaper than an
+    effective HMC sample with its training spread over the samples the page draws (``ratio_n``),
+    ``"level"`` when it is only once the training is spread over :data:`COST_MORE` times as many
+    (``ratio_more``), ``"missed"`` when not even then."""
+    if ratio_n >= goal:
+        return "met"
+    return "level" if ratio_more >= goal else "missed"
+
+
+def amortised_cost(train_seconds: float, sample_seconds: float, n: int, hmc_seconds: float, hmc_ess: float,
+                   reference_seconds: float = 0.0, more: int = COST_MORE) -> dict:
+    """The end-to-end cost arithmetic of a flow sample against an effective HMC sample.
+
+    A flow pays ``train_seconds`` once (and ``reference_seconds``, the HMC run whose draws it learned, if
+    any), then ``sample_seconds`` for ``n`` independent networks; HMC pays ``hmc_seconds`` (the whole run,
+    its initialisation and warm-up included) for ``hmc_ess`` effective samples. Returns the seconds per
+    flow sample with the one-off cost spread over ``n`` and over ``more * n`` samples, HMC's seconds per
+    effective sample and the ratios (HMC over flow, above 1: the flow is cheaper), with the goal's verdict
+    (:func:`cost_verdict`) and ``n_for_goal``, the fewest samples over which the one-off cost must be spread
+    for a flow sample to be :data:`COST_GOAL` times cheaper (``inf`` when sampling alone is too slow)."""
+    if n < 1 or more < 1:
+        raise ValueError(f"amortised_cost: n and more must be >= 1; got n={n}, more={more}")
+    if not (hmc_seconds > 0 and hmc_ess > 0):
+        raise ValueError(f"amortised_cost: HMC needs positive seconds and ESS; got {hmc_seconds}, {hmc_ess}")
+    if min(train_seconds, sample_seconds, reference_seconds) < 0:
+        raise ValueError("amortised_cost: seconds must be >= 0")
+    once = train_seconds + reference_seconds
     per_sample = sample_seconds / n
-    return {"train_seconds": flow_seconds, "seconds_per_1000": 1000 * per_sample, "flow_seconds_per_sample": per_sample,
-            "hmc_seconds": ref.seconds, "hmc_ess": float(ref.diagnostics["ess_median"]),
-            "hmc_seconds_per_ess": hmc_per_ess, "speedup": hmc_per_ess / per_sample}
+    per_n, per_more = once / n + per_sample, once / (more * n) + per_sample
+    hmc_per_ess = hmc_seconds / hmc_ess
+    ratio_n, ratio_more = hmc_per_ess / per_n, hmc_per_ess / per_more
+    room = hmc_per_ess / COST_GOAL - per_sample          # what the one-off cost may add per sample
+    n_for_goal = math.inf if room <= 0 else max(1, math.ceil(once / room))
+    return {"train_seconds": train_seconds, "reference_seconds": reference_seconds,
+            "sample_seconds_per_sample": per_sample, "n": n, "seconds_per_sample_n": per_n,
+            "n_more": more * n, "seconds_per_sample_more": per_more, "hmc_seconds": hmc_seconds,
+            "hmc_ess": hmc_ess, "hmc_seconds_per_ess": hmc_per_ess,
+            "ratio_sampling": hmc_per_ess / per_sample if per_sample > 0 else math.inf,
+            "ratio_n": ratio_n, "ratio_more": ratio_more, "n_for_goal": n_for_goal,
+            "verdict": cost_verdict(ratio_n, ratio_more)}
+
+
+def cost(train_seconds: float, sample_seconds: float, n: int, task: str = "breast_cancer",
+         trained_on_draws: bool = True) -> dict:
+    """The end-to-end cost of a flow sample on ``task`` against HMC's whole cost per effective sample
+    (:func:`amortised_cost`): the flow trained for ``train_seconds`` and drew ``n`` networks in
+    ``sample_seconds``; HMC is the reference run 0, its wall time (warm-up included) over the median
+    function-space ESS of its test predictive. A flow ``trained_on_draws`` of that run is also charged the
+    run itself (its training set). The row adds the reference's split-R-hat quantile (``hmc_rhat_p95``).
+
+    Raises:
+        NoCost: the reference has not converged (:func:`cost_refusal`): its ESS prices nothing.
+    """
+    ref = targets.hmc_reference(task, 0)
+    p = rhat_quantile(ref)
+    refusal = _refusal(task, p)
+    if refusal is not None:
+        raise NoCost(refusal)
+    out = amortised_cost(train_seconds, sample_seconds, n, ref.seconds, float(ref.diagnostics["ess_median"]),
+                         reference_seconds=ref.seconds if trained_on_draws else 0.0)
+    return out | {"hmc_rhat_p95": p}
+
+
+#: the posterior flows of the cost table, in its order (chapter 8c's rows)
+COST_FLOWS = ("euclidean", "geometric", "reverse KL", "draws + density")
+
+
+def cost_inputs(task: str = "breast_cancer", n: int | None = None, generator: torch.Generator | None = None,
+                flows: tuple[str, ...] = COST_FLOWS) -> dict[str, tuple[float, float]]:
+    """``{flow: (training seconds, seconds to draw n networks)}`` of ``flows`` (names from
+    :data:`COST_FLOWS`; cached trainings, the sampling timed now). The reverse-KL flow's training includes
+    that of the draws flow it continues. ``n`` defaults to :func:`tasks.posterior_sample_size`."""
+    from wsbook.experiments import tasks
+
+    n = tasks.posterior_sample_size() if n is None else int(n)
+    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    out = {}
+    for name in flows:
+        flow, seconds = cost_flow(task, name)
+        out[name] = (seconds, sample_flow(flow, n, gen)[2])
+    return out
+
+
+def cost_flow(task: str, name: str) -> tuple[WeightFlow, float]:
+    """The trained (cached) flow ``name`` of :data:`COST_FLOWS` and its training seconds; the reverse-KL
+    flow's include those of the draws flow it continues."""
+    if name in CHARTS:
+        return posterior_flow(task, name)
+    if name == "reverse KL":
+        flow, seconds, _ = posterior_flow_kl(task)
+        return flow, seconds + posterior_flow(task, "euclidean")[1]
+    if name == "draws + density":
+        flow, seconds, _ = posterior_flow_joint(task)
+        return flow, seconds
+    raise ValueError(f"cost_flow: name must be one of {COST_FLOWS}; got {name!r}")
+
+
+def cost_table(inputs: dict[str, tuple[float, float]], n: int, task: str = "breast_cancer"):
+    """The :func:`cost` rows of flows given as ``{name: (training seconds, seconds to draw n networks)}``
+    (every flow trained on the reference's draws), one per flow, as a DataFrame.
+
+    Raises:
+        NoCost: the task's HMC reference has not converged.
+    """
+    import pandas as pd
+
+    rows = {name: cost(train, sample, n, task) for name, (train, sample) in inputs.items()}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def task_cost(task: str = "breast_cancer", n: int | None = None, generator: torch.Generator | None = None,
+              inputs: dict[str, tuple[float, float]] | None = None):
+    """The cost of ``task``'s posterior flows (:func:`cost_table`) or, where its HMC reference has not
+    converged, the sentence that says why none can be measured (:func:`cost_refusal`; nothing is trained
+    then). ``inputs`` as for :func:`cost_table`; by default :func:`cost_inputs` of every flow of
+    :data:`COST_FLOWS` on breast cancer and of the Euclidean flow trained on draws elsewhere."""
+    from wsbook.experiments import tasks
+
+    refusal = cost_refusal(task)
+    if refusal is not None:
+        return refusal
+    n = tasks.posterior_sample_size() if n is None else int(n)
+    if inputs is None:
+        flows = COST_FLOWS if task == "breast_cancer" else ("euclidean",)
+        inputs = cost_inputs(task, n, generator, flows)
+    return cost_table(inputs, n, task)
 
 
 # ----------------------------------------------------------------------------- importance weights
@@ -863,6 +1024,8 @@ def detection_table(task: str = "breast_cancer", charts: tuple[str, ...] = CHART
 __all__ = ["CHARTS", "FlowSettings", "flow_settings", "KLSettings", "kl_settings", "posterior_field", "posterior_flow",
            "posterior_flow_kl", "JointSettings", "joint_settings", "posterior_flow_joint", "SOURCE_ROW", "sample_flow",
            "methods_table", "alignment_spread", "prior_draws", "gaussian_fits",
-           "guided", "posterior_terms", "memorisation", "cost", "importance_sampling", "PROPOSALS", "elbos",
+           "guided", "posterior_terms", "memorisation", "RHAT_LIMIT", "RHAT_SHARE", "COST_GOAL",
+           "COST_MORE", "NoCost", "rhat_quantile", "cost_refusal", "cost_verdict", "amortised_cost", "cost",
+           "COST_FLOWS", "cost_inputs", "cost_flow", "cost_table", "task_cost", "importance_sampling", "PROPOSALS", "elbos",
            "reweighted",
            "detection_sets", "detection_table", "auroc", "OWN_SAMPLES"]

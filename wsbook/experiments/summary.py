@@ -102,31 +102,16 @@ def posterior_headline(task: str = "breast_cancer") -> pd.DataFrame:
     return table.loc[keep, ["tv_run1", "mmd2_run1", "accuracy"]]
 
 
-def sampling_cost() -> pd.DataFrame:
-    """The cost of a posterior sample as ``make bench`` last measured it (``benchmarks/results.csv``, lines
-    ``posterior_sample_<task>_<flow>_flow_<steps>_midpoint_steps`` of ``bench_weightflow``): one row per
-    (task, flow) with the seconds per independent network of the flow, HMC's seconds per effective sample
-    and their ratio. Empty when the file has no such lines.
+def sampling_cost(task_names: tuple[str, ...] = ("breast_cancer", "mnist5k")) -> dict[str, "pd.DataFrame | str"]:
+    """The end-to-end cost of a posterior sample, as chapter 8c prices it: per task, the table of
+    :func:`wsbook.experiments.posterior_flows.task_cost` (each flow's training and the HMC run it learned
+    from, spread over the page's samples and over ten times as many, against HMC's whole run per effective
+    sample; cached trainings, the sampling timed now), or the sentence that says no cost can be measured
+    where the task's HMC reference has not converged.
 
     See chapter 9, "Limits".
     """
-    import re
+    from wsbook.experiments import posterior_flows as pf
 
-    from wsbook.experiments import performance
-
-    pattern = re.compile(r"posterior_sample_(?P<task>.+)_(?P<flow>gnn|posterior)_flow_"
-                         r"(?P<steps>\d+)_midpoint_steps")
-    try:
-        table, _ = performance.read_results()
-    except FileNotFoundError:
-        table = pd.DataFrame(columns=["name", "ours", "baseline"])
-    rows = []
-    for _, line in table.iterrows():
-        match = pattern.fullmatch(str(line["name"]))
-        if match:
-            ours, hmc = float(line["ours"]), float(line["baseline"])
-            rows.append(dict(task=match["task"], flow=match["flow"], steps=int(match["steps"]),
-                             seconds_per_network=ours, hmc_seconds_per_ess=hmc, ratio=hmc / ours))
-    return pd.DataFrame(rows, columns=["task", "flow", "steps", "seconds_per_network", "hmc_seconds_per_ess",
-                                       "ratio"]).set_index(["task", "flow"])
+    return {task: pf.task_cost(task, tasks.posterior_sample_size(), config.generator()) for task in task_names}
 
