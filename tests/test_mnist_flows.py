@@ -1,4 +1,6 @@
 """The MNIST results page's experiment helpers (cheap parts: no flow is trained here)."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -26,14 +28,16 @@ def test_bma_curve_of_identical_members_is_flat_and_sizes_capped():
     assert len({round(v["nll"], 6) for v in curve.values()}) == 1
 
 
-def test_score_has_the_table_columns_and_a_zero_mmd_to_itself():
+def test_score_has_the_table_columns_and_reads_mmd_over_the_floor():
     g = torch.Generator().manual_seed(0)
     probs = torch.softmax(torch.randn(12, 40, 10, generator=g), -1)
     other = torch.softmax(torch.randn(12, 40, 10, generator=g), -1)
     y = torch.randint(0, 10, (40,), generator=g)
-    row = mf.score(probs, y, probs, other)
+    refs = SimpleNamespace(probs_held=probs, bandwidth=1.0, floor=SimpleNamespace(mean=0.5))
+    row = mf.score(probs, y, refs)
     assert {"accuracy", "nll", "bma64_accuracy", "diversity", "mmd2", "mmd2_floor", "mmd_ratio"} <= set(row)
-    assert row["diversity"] > 0
+    assert row["diversity"] > 0 and row["mmd_ratio"] == row["mmd2"] / 0.5 and row["mmd2_floor"] == 0.5
+    assert mf.score(other, y, refs)["mmd2"] > row["mmd2"] and "mmd2" not in mf.score(probs, y)
 
 
 def test_recipes_and_errors():
@@ -68,9 +72,16 @@ def test_nearest_neighbour_ratio_is_one_for_held_out_runs_and_small_for_replayed
         return targets.Zoo("toy", spec, torch.randn(n, spec.n_params, generator=g), torch.arange(n), torch.ones(n),
                            None, 0.0)
 
-    parts = {"train": zoo(40), "held": zoo(10)}
-    replayed = parts["train"].theta[:10] + 1e-3 * torch.randn(10, spec.n_params, generator=g)
-    ratio = mf.nearest_neighbour_ratio({"held": parts["held"].theta, "replayed": replayed}, parts)
+    from wsbook.bayes import distances
+    from wsbook.weightflow import GeometricChart
+
+    train, held = zoo(40), zoo(10)
+    canon = GeometricChart(spec, reference=train.theta[-1])
+    train_points = canon.to_points(train.theta)
+    refs = SimpleNamespace(canonical=canon, train_points=train_points,
+                           nn_held=float(distances.median_nn_distance(canon.to_points(held.theta), train_points)))
+    replayed = train.theta[:10] + 1e-3 * torch.randn(10, spec.n_params, generator=g)
+    ratio = mf.nearest_neighbour_ratio({"held": held.theta, "replayed": replayed}, refs)
     assert ratio["held"] == pytest.approx(1.0)
     assert ratio["replayed"] < 0.05
 

@@ -573,8 +573,9 @@ def test_report(split: protocol.RunSplit, sets: dict[str, list[Tensor]], n: int,
                                  mmd_goal=mmd_goal, nn_goal=nn_goal, anchor=anchor)
 
 
-#: the training seeds of every flow in a verdict table
-SEEDS = (0, 1, 2)
+#: the training seeds of every flow in a verdict table: not seed 0, whose sample the choice read (a draw
+#: chosen for scoring well on validation runs would carry its luck into the verdict)
+SEEDS = (1, 2, 3)
 
 
 def verdict_table(zoo_name: str, candidates: dict[str, FlowConfig], n: int, steps: int, *,
@@ -585,8 +586,9 @@ def verdict_table(zoo_name: str, candidates: dict[str, FlowConfig], n: int, step
     Every candidate's seed-0 sample (``n`` networks, ``steps`` midpoint steps, :func:`sample_flow`) is scored
     against the validation runs; the chosen flow is the one with the lowest MMD^2 among those no nearer to
     the training zoo than validation runs are (nearest-neighbour ratio at least 1; all candidates when none
-    is). The chosen flow and every ``baselines`` label are then trained once per seed, each seed sampled
-    with its own source points, and :func:`test_report` scores them on the test runs. ``goals`` go to
+    is). The chosen flow and every ``baselines`` label are then trained once per seed of ``seeds`` (fresh
+    seeds: the draw the choice read is not reused), each seed sampled with its own source points, and
+    :func:`test_report` scores them on the test runs. ``goals`` go to
     :func:`test_report`.
 
     Returns the table of :func:`test_report` with ``attrs["selected"]`` (the chosen label) and

@@ -5,16 +5,19 @@ Everything the page computes that costs more than a second lives here, cached wi
 * :func:`budget`: the per-scale sizes (field width, training steps, batch, samples, solver steps). On a
   CPU the GNN field over a 784-10-10 network costs a sizeable fraction of a second per training step at
   batch 8, so ``default`` trains small fields for a few hundred steps; ``full`` holds the thesis's sizes.
-* :func:`split`: the 784-10-10 zoo split by whole runs into the flows' training part, held-out runs (the
-  reference of every distance) and as many other runs (the noise floor).
+* :func:`split`: the 784-10-10 zoo split by whole runs into training, validation and (sealed) test runs
+  (:mod:`wsbook.experiments.protocol`).
 * :func:`train_flow` / :func:`sample_flow`: one recipe (chart, field, coupling; the names of the thesis's
   Table 7.2 rows, plus ``plain_baseline``) trained on the training part and sampled, optionally for
   another hidden width (:meth:`WeightFlow.with_spec`) and with task-loss guidance.
 * :func:`width_transfer`: Table 7.4, :data:`TRANSFER` (the DeepSets field over hidden neurons,
   :class:`~wsbook.weightflow.NeuronField`) trained on 784-10-10 and sampling 784-32-10.
 * :func:`score`, :func:`bma_curve`: per-network and model-averaged accuracy / NLL, diversity (mean pairwise
-  JSD of the predictive distributions) and the function-space MMD to held-out runs;
-  :func:`nearest_neighbour_ratio`: how close generated networks sit to the training checkpoints.
+  JSD of the predictive distributions) and the function-space MMD^2 to validation runs over the perfect
+  generator's floor; :func:`nearest_neighbour_ratio`: how close generated networks sit to the training
+  checkpoints.
+* :func:`verdict_table`: the flow chosen on validation data, trained over fresh seeds and judged on the
+  test runs beside the plain baseline.
 * :func:`permuted_mnist`: the second task (MNIST with one fixed, seeded pixel permutation; Fashion-MNIST
   cannot be downloaded here) and :func:`init_curves` (flow samples as initialisation).
 * :func:`field_size_sweep`: sample quality against the width of the field.
@@ -30,7 +33,7 @@ from torch import Tensor
 from wsbook import config, data
 from wsbook.bayes import distances
 from wsbook.cache import cached
-from wsbook.experiments import targets
+from wsbook.experiments import flows, protocol, targets
 from wsbook.nets import MLPSpec, train_population
 from wsbook.weightflow import (EuclideanChart, FlatField, GeometricChart, Guidance, NeuronField, NormalizedChart,
                                WeightFlow, gnn_field)
@@ -144,16 +147,16 @@ def budget() -> Budget:
 
 
 # ------------------------------------------------------------------------------------------ targets
-def split(seed: int = 0) -> dict[str, targets.Zoo]:
-    """The 784-10-10 zoo by whole runs: ``{"train", "held", "other"}``. ``held`` (never seen by a flow) is
-    the reference of every distance; ``other`` (as many runs, taken from the training part) against ``held``
-    is the run-to-run noise floor."""
-    z = targets.zoo(ZOO)
-    n_hold = budget().n_holdout
-    gen = torch.Generator().manual_seed(seed)
-    train, held = targets.split_runs(z, n_hold, generator=gen)
-    _, other = targets.split_runs(train, n_hold, generator=gen)
-    return {"train": train, "held": held, "other": other}
+def split(seed: int = 0) -> protocol.RunSplit:
+    """The 784-10-10 zoo by whole runs: the budget's ``n_holdout`` test runs (sealed), as many validation
+    runs, the rest for training (:func:`wsbook.experiments.flows.zoo_split`)."""
+    return flows.zoo_split(ZOO, n_holdout=budget().n_holdout, seed=seed)
+
+
+def references(n: int | None = None) -> "flows.References":
+    """The validation references of :func:`split` for sets of ``n`` networks (default: the budget's
+    ``n_samples``): what every table of the page is scored against (:func:`wsbook.experiments.flows.references`)."""
+    return flows.references(split(), int(n or budget().n_samples))
 
 
 def permuted_mnist(seed: int = 0) -> data.Dataset:
@@ -204,13 +207,12 @@ def make_flow(recipe: str, spec: MLPSpec, reference: Tensor, b: Budget, dim: int
     return WeightFlow(chart, field, coupling=coupling, align_pairs=not anchored and field_kind != "flat")
 
 
-@cached("flows/mnist/train", version=5)   # 5: loss weighted per layer
+@cached("flows/mnist/train", version=6)   # 6: training runs exclude validation and test runs
 def _train(recipe: str, fields: dict, dim: int, seed: int) -> dict:
     b = budget()
     if _training_fields(b, recipe) != fields:
         raise ValueError("_train: the training settings must be the current scale's budget")
-    parts = split()
-    train = parts["train"]
+    train = split().train
     with config.seeded(1000 + seed):
         flow = make_flow(recipe, train.spec, train.theta[-1], b, dim)
     kind = RECIPES[recipe][1]
@@ -247,11 +249,11 @@ def train_flow(recipe: str, dim: int | None = None, seed: int = 0) -> tuple[Weig
     return WeightFlow.from_state(out["state"]), info
 
 
-@cached("flows/mnist/samples", version=5)   # 5: flows trained with the loss weighted per layer
+@cached("flows/mnist/samples", version=6)   # 6: flows of the three-way split, any training seed
 def _sample(recipe: str, fields: dict, dim: int, widths: tuple[int, ...], n: int, guided: str | None,
-            sampler: dict, seed: int) -> dict:
+            sampler: dict, seed: int, train_seed: int) -> dict:
     b = budget()
-    flow, _ = train_flow(recipe, dim)
+    flow, _ = train_flow(recipe, dim, seed=train_seed)
     spec = MLPSpec(widths)
     if spec != flow.spec:
         flow = flow.with_spec(spec)
@@ -269,7 +271,8 @@ def _sample(recipe: str, fields: dict, dim: int, widths: tuple[int, ...], n: int
 
 
 def sample_flow(recipe: str, n: int | None = None, widths: tuple[int, ...] | None = None, guided: str | None = None,
-                dim: int | None = None, seed: int = 0, weight: float | None = None) -> tuple[Tensor, float]:
+                dim: int | None = None, seed: int = 0, weight: float | None = None,
+                train_seed: int = 0) -> tuple[Tensor, float]:
     """Networks sampled from the trained flow of ``recipe`` (cached): ``(theta [n, D], seconds)``.
 
     Args:
@@ -280,6 +283,7 @@ def sample_flow(recipe: str, n: int | None = None, widths: tuple[int, ...] | Non
         dim: the field width (model-size sweep; default the budget's).
         seed: the source points and guidance minibatches.
         weight: the guidance's lambda (default: the budget's for that task).
+        train_seed: the training run of the flow (:func:`train_flow`'s ``seed``).
     """
     b = budget()
     widths = tuple(widths or targets.ZOOS[ZOO].widths)
@@ -291,7 +295,7 @@ def sample_flow(recipe: str, n: int | None = None, widths: tuple[int, ...] | Non
         sampler["weight"] = float(default if weight is None else weight)
         sampler["guided_steps"] = b.guidance_steps if guided == "permuted" else b.sample_steps
     out = _sample(recipe, _training_fields(b, recipe), dim or b.dim, widths, int(n or b.n_samples), guided, sampler,
-                  seed)
+                  seed, train_seed)
     return out["theta"], float(out["seconds"])
 
 
@@ -322,49 +326,43 @@ def probs_of(spec: MLPSpec, theta: Tensor, ds: data.Dataset) -> Tensor:
     return targets.predictive_probs(spec, theta, ds.x_test)
 
 
-def score(probs: Tensor, y: Tensor, held: Tensor | None = None, other: Tensor | None = None,
-          bandwidth: float | None = None, generator: torch.Generator | None = None) -> dict:
+def score(probs: Tensor, y: Tensor, refs: "flows.References | None" = None,
+          generator: torch.Generator | None = None) -> dict:
     """One row of the page's tables from test probabilities ``probs [n, N, C]``: per-network accuracy and
-    NLL (mean, std), BMA-64 accuracy and NLL, diversity (mean pairwise JSD), and with ``held`` / ``other``
-    the MMD^2 to the held-out runs, its floor and the ratio in MMD units.
+    NLL (mean, std), BMA-64 accuracy and NLL, diversity (mean pairwise JSD), and with ``refs``
+    (:func:`references`) the MMD^2 to its runs, the perfect generator's floor and their ratio.
 
     Args:
         probs: the networks' test probabilities.
         y: test labels.
-        held, other: held-out runs and the floor's other runs (test probabilities), or ``None``.
-        bandwidth: the MMD kernel bandwidth shared by all rows.
-        generator: the BMA members and the MMD subsampling.
+        refs: the reference runs, or ``None``.
+        generator: the BMA members.
     """
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
     ev = targets.evaluate_probs(probs, y, bma_k=64, generator=gen)
     row = dict(accuracy=ev.accuracy, accuracy_std=ev.accuracy_std, nll=ev.nll, nll_std=ev.nll_std,
                bma64_accuracy=ev.bma_accuracy, bma64_nll=ev.bma_nll,
                diversity=float(distances.diversity(probs[:256])))
-    if held is not None:
-        cmp = targets.compare_to_reference(probs, held, other, bandwidth=bandwidth, generator=gen)
-        row.update(mmd2=cmp.mmd2, mmd2_floor=cmp.mmd2_floor, mmd_ratio=cmp.mmd_ratio)
+    if refs is not None:
+        mmd = float(distances.mmd2(probs, refs.probs_held, bandwidth=refs.bandwidth))
+        row.update(mmd2=mmd, mmd2_floor=refs.floor.mean, mmd_ratio=mmd / refs.floor.mean)
     return row
 
 
-def nearest_neighbour_ratio(sets: dict[str, Tensor],
-                            parts: dict[str, targets.Zoo] | None = None) -> dict[str, float]:
+def nearest_neighbour_ratio(sets: dict[str, Tensor], refs: "flows.References | None" = None) -> dict[str, float]:
     """Memorisation, as on chapter 8's breast-cancer page: for every set of networks ``[n, D]`` in ``sets``,
-    the median distance from each network to its nearest training checkpoint (canonical networks aligned to
-    the last training checkpoint, :class:`~wsbook.weightflow.GeometricChart`) divided by the same median for
-    the held-out runs. About 1: as far from the training zoo as new runs of the recipe; well below 1: the
-    networks stay close to (or replay) the checkpoints the flow learned from.
+    the median distance from each network to its nearest training checkpoint (aligned canonical networks,
+    ``refs.canonical``) divided by the same median for the reference runs. About 1: as far from the training
+    zoo as new runs of the recipe; well below 1: the networks stay close to (or replay) the checkpoints the
+    flow learned from.
 
     Args:
         sets: name -> networks of the zoo's architecture.
-        parts: :func:`split` (default: computed).
+        refs: the reference runs (default: :func:`references`).
     """
-    parts = split() if parts is None else parts
-    train = parts["train"]
-    canon = GeometricChart(train.spec, reference=train.theta[-1].cpu())
-    train_points = canon.to_points(train.theta.cpu())
-    held = float(distances.median_nn_distance(canon.to_points(parts["held"].theta.cpu()), train_points))
-    return {name: float(distances.median_nn_distance(canon.to_points(theta.cpu()), train_points)) / held
-            for name, theta in sets.items()}
+    refs = references() if refs is None else refs
+    return {name: float(distances.median_nn_distance(refs.canonical.to_points(theta.cpu()), refs.train_points))
+            / refs.nn_held for name, theta in sets.items()}
 
 
 def bma_curve(probs: Tensor, y: Tensor, sizes: tuple[int, ...] = BMA_SIZES, repeats: int = 8,
@@ -383,6 +381,49 @@ def bma_curve(probs: Tensor, y: Tensor, sizes: tuple[int, ...] = BMA_SIZES, repe
         avg = probs[picks].mean(1)                                          # [repeats, N, C]
         out[k] = {"accuracy": float(M.accuracy(avg, y).mean()), "nll": float(M.nll(avg, y).mean())}
     return out
+
+
+#: the MNIST goals: a generated network's mean accuracy within this of the target's
+ACCURACY_GAP = 0.03
+
+
+def validation_accuracy(recipe: str) -> float:
+    """Mean accuracy on the data's validation split of the networks of ``recipe``'s seed-0 flow (the draw
+    every table of the page shows): what :func:`verdict_table` chooses by."""
+    ds = data.load(ZOO)
+    return targets.evaluate(MLPSpec(tuple(targets.ZOOS[ZOO].widths)), sample_flow(recipe)[0], ds, bma_k=1,
+                            split="val").accuracy
+
+
+def verdict_table(seeds: tuple[int, ...] = flows.SEEDS):
+    """The page's verdict: the recipe whose seed-0 networks are most accurate on the validation split of the
+    data is chosen, trained with fresh ``seeds`` beside the plain baseline and judged on the test runs by
+    :func:`wsbook.experiments.flows.test_report` (test inputs; MMD^2 to the test runs over the perfect
+    generator's floor). Two columns hold the MNIST goals: ``gap verdict`` (the target's mean accuracy minus
+    the row's at most :data:`ACCURACY_GAP`) and ``MMD² vs baseline`` (below the plain baseline's).
+
+    Returns the DataFrame with ``attrs["selected"]`` and ``attrs["validation"]`` (validation accuracy per
+    recipe).
+    """
+    b = budget()
+    validation = {r: validation_accuracy(r) for r in b.recipes}
+    chosen = max(validation, key=validation.get)
+    sets = {r: [sample_flow(r, seed=s, train_seed=s)[0] for s in seeds] for r in (chosen, "plain_baseline")}
+    table = flows.test_report(split(), sets, b.n_samples)
+    target = table.loc["iid training checkpoints"]
+    base = table.loc["plain_baseline"]
+    rows = [chosen, "plain_baseline"]
+    gap = target["accuracy"] - table["accuracy"]
+    gap_se = (table["accuracy_se"] ** 2 + target["accuracy_se"] ** 2) ** 0.5
+    diff_se = (table["mmd_ratio_se"] ** 2 + base["mmd_ratio_se"] ** 2) ** 0.5
+    table["gap verdict"] = "—"
+    table["MMD² vs baseline"] = "—"
+    for r in rows:
+        table.loc[r, "gap verdict"] = protocol.verdict(gap[r], gap_se[r], ACCURACY_GAP)
+    table.loc[chosen, "MMD² vs baseline"] = protocol.verdict(table.loc[chosen, "mmd_ratio"], diff_se[chosen],
+                                                             base["mmd_ratio"])
+    table.attrs.update(selected=chosen, validation=validation)
+    return table
 
 
 # ------------------------------------------------------------------------------ second task, init
@@ -431,8 +472,10 @@ def width_transfer(seed: int = 0) -> dict[str, dict]:
     networks assembled from the neurons of the 784-10-10 training checkpoints (:func:`assembled_networks`),
     :data:`NEURON_ANCHORED` at the new width (its anchor widened by repeating neurons,
     :meth:`~wsbook.weightflow.NeuronField.with_spec`; outgoing weights scaled by the width ratio), the
-    assembly of independent 784-10-10 samples of :data:`NEURON_ANCHORED` (no guidance), :data:`TRANSFER`
-    without and with MNIST guidance, and :data:`UNANCHORED_GNN` without.
+    assembly of ``k`` independent 784-10-10 samples of :data:`NEURON_ANCHORED` (no guidance; ``k`` the
+    number of narrow widths the wide one needs) and the probability average of the same ``k`` samples (the
+    packed-ensemble baselines an anchored transfer must beat, since its widened anchor repeats the narrow
+    neurons), :data:`TRANSFER` without and with MNIST guidance, and :data:`UNANCHORED_GNN` without.
     """
     b = budget()
     ds, wide = data.load(ZOO), targets.zoo(WIDE_ZOO)
@@ -440,7 +483,7 @@ def width_transfer(seed: int = 0) -> dict[str, dict]:
     theta = wide.theta[pick]
     rows = {"trained 784-32-10 (zoo)": {**score(probs_of(wide.spec, theta, ds), ds.y_test),
                                         "neuron_similarity": neuron_similarity(wide.spec, theta)}}
-    train = split()["train"]
+    train = split().train
     theta = assembled_networks(train.theta, train.spec, wide.spec, b.n_wide,
                                generator=torch.Generator().manual_seed(seed))
     rows["assembled from 784-10-10 neurons"] = {**score(probs_of(wide.spec, theta, ds), ds.y_test),
@@ -459,6 +502,10 @@ def width_transfer(seed: int = 0) -> dict[str, dict]:
     rows[f"{NEURON_ANCHORED}, composed"] = {**score(probs_of(wide.spec, theta, ds), ds.y_test),
                                             "neuron_similarity": neuron_similarity(wide.spec, theta),
                                             "sample_seconds": seconds}
+    # the same k narrow samples as an ensemble: the baseline an anchored transfer has to beat
+    members = probs_of(train.spec, narrow[:b.n_wide * k], ds)
+    rows[f"{NEURON_ANCHORED}, {k}-member average"] = {
+        **score(members.reshape(b.n_wide, k, *members.shape[1:]).mean(1), ds.y_test), "sample_seconds": seconds}
     for recipe, guided in ((TRANSFER, None), (TRANSFER, "mnist"), (UNANCHORED_GNN, None)):
         theta, seconds = sample_flow(recipe, n=b.n_wide, widths=wide.spec.widths, guided=guided, seed=seed)
         rows[f"{recipe}, transferred" + (" + guidance" if guided else "")] = {

@@ -61,17 +61,15 @@ def headline() -> pd.DataFrame:
                          gap=s["accuracy"] - target["accuracy"], nll=s["nll"], bma_accuracy=s["bma_accuracy"],
                          mmd_ratio=s["mmd_ratio"], nn_ratio=s["nn_train"] / s["nn_held"]))
     b = mf.budget()
-    parts = mf.split()
-    spec, ds = parts["train"].spec, data.load(mf.ZOO)
-    held, other = (mf.probs_of(spec, parts[k].theta, ds) for k in ("held", "other"))
-    bandwidth = distances.median_bandwidth(held, other, generator=torch.Generator().manual_seed(0))
-    pick = torch.randperm(len(parts["train"]), generator=config.generator())[:b.n_samples]
-    mn = {"target": mf.score(mf.probs_of(spec, parts["train"].theta[pick], ds), ds.y_test, held, other, bandwidth)}
+    train, refs = mf.split().train, mf.references()
+    spec, ds = train.spec, data.load(mf.ZOO)
+    pick = torch.randperm(len(train), generator=config.generator())[:b.n_samples]
+    mn = {"target": mf.score(mf.probs_of(spec, train.theta[pick], ds), ds.y_test, refs)}
     for recipe in MNIST_ROWS:
         if recipe == "plain_baseline" or recipe in b.recipes:
             theta, _ = mf.sample_flow(recipe)
             mn[recipe.replace("plain_baseline", "plain baseline")] = mf.score(
-                mf.probs_of(spec, theta, ds), ds.y_test, held, other, bandwidth)
+                mf.probs_of(spec, theta, ds), ds.y_test, refs)
     for name, s in mn.items():
         rows.append(dict(task="MNIST 784-10-10", networks=name, accuracy=s["accuracy"],
                          gap=s["accuracy"] - mn["target"]["accuracy"], nll=s["nll"],
