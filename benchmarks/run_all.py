@@ -2,8 +2,10 @@
 and write their ``name, ours, baseline, ratio`` lines, with the machine and the date, to ``results.csv``.
 
 Usage: ``python benchmarks/run_all.py [substring ...] [--out PATH]`` (``make bench`` runs all of them). Each script
-runs in its own process; its output is echoed as it comes. A script that fails (for example an agreement
-check between wsbook and a peer library) is reported, the others still run, and the exit status is 1.
+runs in its own process with progress bars off (``WSBOOK_PROGRESS=0``: the MAP, HMC and training loops of the
+benchmarks would draw theirs between the lines); its output is echoed as it comes. A script that fails (for
+example an agreement check between wsbook and a peer library) is reported, the others still run, and the exit
+status is 1.
 
 ``results.csv`` starts with ``# key: value`` lines (date, platform, processor, CPU count, Python, torch and
 the peer libraries' versions, and the environment variable ``BENCH_NOTE`` when set) followed by one row per printed line: ``script, name, ours, baseline,
@@ -73,6 +75,19 @@ def parse(script: str, output: str) -> list[dict[str, str]]:
     return rows
 
 
+def run_script(script: Path) -> tuple[int, str]:
+    """Run one benchmark script in its own process without progress bars, echoing its output as it comes;
+    its exit status and output."""
+    env = {**os.environ, "WSBOOK_PROGRESS": "0"}
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=HERE, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        print(line, end="", flush=True)
+        lines.append(line)
+    return proc.wait(), "".join(lines)
+
+
 def main(argv: list[str]) -> int:
     out = HERE / "results.csv"
     if "--out" in argv:
@@ -85,16 +100,11 @@ def main(argv: list[str]) -> int:
     rows, failed = [], []
     for script in scripts:
         print(f"== {script.name}", flush=True)
-        proc = subprocess.Popen([sys.executable, str(script)], cwd=HERE, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-        lines = []
-        for line in proc.stdout:
-            print(line, end="", flush=True)
-            lines.append(line)
-        if proc.wait() != 0:
+        code, output = run_script(script)
+        if code != 0:
             failed.append(script.name)
             continue
-        rows.extend(parse(script.stem, "".join(lines)))
+        rows.extend(parse(script.stem, output))
     with open(out, "w", newline="") as f:
         for key, value in machine().items():
             f.write(f"# {key}: {value}\n")

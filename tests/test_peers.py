@@ -119,3 +119,13 @@ def test_results_file_round_trip(tmp_path):
         performance.read_results(path)
     with pytest.raises(FileNotFoundError, match="make bench"):
         performance.read_results(tmp_path / "missing.csv")
+
+
+def test_runner_turns_progress_bars_off(tmp_path, monkeypatch):
+    """`make bench` prints only the benchmarks' lines: run_all runs every script with WSBOOK_PROGRESS=0."""
+    import run_all as runner
+
+    monkeypatch.setenv("WSBOOK_PROGRESS", "1")
+    script = tmp_path / "bench_env.py"
+    script.write_text("import os\nprint('progress, ' + os.environ['WSBOOK_PROGRESS'])\n")
+    assert runner.run_script(script) == (0, "progress, 0\n")
