@@ -9,7 +9,7 @@ BENCH_STAMP := $(VENV)/.installed-bench
 TORCH ?= torch==2.13.0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install book test unit chapters book-ci browser bench lab clean browser-deps
+.PHONY: install book test unit chapters book-ci browser bench gpu-check lab clean browser-deps
 
 install: $(STAMP)
 
@@ -61,6 +61,12 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 # benchmarks/results.csv (rendered by the appendix "Performance"; commit it after a run on a quiet machine)
 bench: $(BENCH_STAMP)
 	$(PY) benchmarks/run_all.py
+
+# on a CUDA machine (a few minutes): the CUDA tests, then a training step and a sampling pass of every field kind
+# at `full` sizes in bfloat16 and float32 and a short MNIST flow run, written to benchmarks/gpu_results.csv
+# (rendered by the appendix "Performance"); without a CUDA device it says so and exits 0
+gpu-check: install
+	WSBOOK_PROGRESS=0 $(PY) benchmarks/gpu_check.py
 
 lab: install
 	$(VENV)/bin/jupyter lab chapters $$([ "$$(id -u)" = 0 ] && echo --allow-root)
