@@ -194,6 +194,22 @@ def test_there_are_pages():
     assert len(pages()) >= 3, f"expected the built book's pages in {HTML}"
 
 
+def test_api_reference_shows_weightflow(server, browser):
+    """The API reference (book/api/, autodoc) is built: the weightflow page shows the class WeightFlow with
+    its signature and methods."""
+    page = HTML / "book" / "api" / "weightflow.html"
+    assert page.exists(), f"no API page for wsbook.weightflow at {page}"
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    tab = context.new_page()
+    tab.goto(f"{server}/{page.relative_to(HTML).as_posix()}", wait_until="load")
+    text = tab.evaluate("document.querySelector('main').innerText")
+    signatures = tab.evaluate("Array.from(document.querySelectorAll('dt.sig')).map(el => el.id)")
+    context.close()
+    assert "WeightFlow" in text, "the weightflow API page does not show WeightFlow"
+    assert "wsbook.weightflow.WeightFlow" in signatures and "wsbook.weightflow.WeightFlow.fit" in signatures, \
+        signatures[:20]
+
+
 @pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(HTML)))
 def test_page_renders(server, browser, page):
     url = f"{server}/{page.relative_to(HTML).as_posix()}"

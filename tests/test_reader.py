@@ -4,6 +4,7 @@ format (wsbook/figures/style.py). The browser gate checks the same in the built 
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -313,3 +314,75 @@ def test_sphinx_starts_the_book_chapters_in_the_wanted_order(tmp_path):
     started = Path(log).read_text().split()
     # the two longest start together (in either order), then the others as processes free up
     assert set(started[:2]) == {"chapters/a", "chapters/b"} and started[2:] == ["chapters/" + k for k in "cde"]
+
+
+# ------------------------------------------------------------------ API reference
+#: The library packages with a page in the book's "API reference" part (book/api/<package>.md).
+API_PACKAGES = ("nets", "manifolds", "flows", "bayes", "symmetry", "graphs", "weightflow")
+API_DIRECTIVE = re.compile(r"^\.\. (automodule|autoclass|autofunction):: (\S+)\n((?:   :[^\n]*\n)*)", re.M)
+
+
+def _toc_entries() -> list[str]:
+    import yaml
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "file" in node:
+                yield node["file"]
+            for value in node.values():
+                yield from walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from walk(value)
+
+    return list(walk(yaml.safe_load((ROOT / "_toc.yml").read_text())))
+
+
+def test_every_library_package_has_an_api_page_in_the_toc():
+    """One page per package, in _toc.yml, generated from the docstrings (autodoc in _config.yml), whose
+    opening line names only chapters that really use the package."""
+    import yaml
+
+    entries = _toc_entries()
+    missing = [p for p in API_PACKAGES if f"book/api/{p}" not in entries]
+    assert not missing, f"no API page in _toc.yml for {missing}"
+    extensions = yaml.safe_load((ROOT / "_config.yml").read_text())["sphinx"]["extra_extensions"]
+    assert {"sphinx.ext.autodoc", "sphinx.ext.napoleon"} <= set(extensions)
+    for package in API_PACKAGES:
+        page = (ROOT / "book" / "api" / f"{package}.md").read_text()
+        assert f".. automodule:: wsbook.{package}\n   :members:\n" in page, f"book/api/{package}.md"
+        chapters = re.findall(r"\{doc\}`/(chapters/\w+)`", page.split("```", 1)[0])
+        assert chapters, f"book/api/{package}.md does not name the chapters that use wsbook.{package}"
+        for chapter in chapters:
+            assert chapter in entries, f"book/api/{package}.md names {chapter}, which is not in _toc.yml"
+            source = (ROOT / f"{chapter}.md").read_text()
+            assert re.search(rf"wsbook\.{package}\b|from wsbook import [^\n]*\b{package}\b", source), \
+                f"book/api/{package}.md says {chapter} uses wsbook.{package}; the chapter never names it"
+
+
+def test_api_pages_name_only_what_exists():
+    """Every module and object an API page names imports (autodoc would fail the book build otherwise, with
+    -W, minutes later). Each page documents its package's ``__all__``, some submodules whole, and a few
+    public names that the package does not export."""
+    import importlib
+
+    for package in API_PACKAGES:
+        page = (ROOT / "book" / "api" / f"{package}.md").read_text()
+        for kind, target, _ in API_DIRECTIVE.findall(page):
+            if kind == "automodule":
+                importlib.import_module(target)
+            else:
+                module, name = target.rsplit(".", 1)
+                assert hasattr(importlib.import_module(module), name), f"book/api/{package}.md: no {target}"
+
+
+#: words of the project, not of the book: a chapter explains and shows; it does not narrate how the page was
+#: made or name the tracker's vocabulary
+LAB_LOG = re.compile(r"earlier version of this page|while building this page|this session|(?-i:\bPLACE FOR\b)|"
+                     r"\b(the|this|method|results|protocol) issue\b|\bTODO\b|\bFIXME\b", re.IGNORECASE)
+
+
+def test_chapters_read_as_a_book_not_a_lab_log():
+    hits = [f"{path.name}:{i}: {line.strip()}" for path in sorted((ROOT / "chapters").glob("*.md"))
+            for i, line in enumerate(path.read_text().splitlines(), 1) if LAB_LOG.search(line)]
+    assert not hits, "project words or page history in chapter prose:\n" + "\n".join(hits)

@@ -90,7 +90,7 @@ class Manifold:
         return (u * v).sum(-1)
 
     def norm(self, x: Tensor, u: Tensor) -> Tensor:
-        """|u|_x."""
+        """``|u|_x``."""
         return _safe_norm(u)
 
     def geodesic(self, x: Tensor, y: Tensor, t: Tensor | float) -> Tensor:
@@ -201,8 +201,8 @@ class Euclidean(Manifold):
 class Sphere(Manifold):
     """The unit sphere S^{n-1} in R^n (``n`` = ambient size of one point), with the round metric.
 
-    exp_x(u) = cos|u| x + sin|u| u/|u|; log_x(y) = d(x, y) P_x(y)/|P_x(y)| with P_x the tangent projection;
-    d(x, y) = 2 atan2(|x - y|, |x + y|), which is accurate both at 0 and near the antipode. ``P_x(y)`` is
+    ``exp_x(u) = cos|u| x + sin|u| u/|u|``; ``log_x(y) = d(x, y) P_x(y)/|P_x(y)|`` with P_x the tangent projection;
+    ``d(x, y) = 2 atan2(|x - y|, |x + y|)``, which is accurate both at 0 and near the antipode. ``P_x(y)`` is
     computed from ``y - x`` when ``y`` is in the hemisphere around ``x`` and from ``y + x`` otherwise, so
     both its length (``sin d``) and its direction stay accurate near 0 and near pi; the small-angle series
     is used only near 0 (chosen on ``d``, not on ``sin d``, which is small at both ends).
@@ -389,7 +389,7 @@ class Product(Manifold):
         return x[..., b.slice].reshape(*x.shape[:-1], b.n_factors, b.factor_dim)
 
     def norm_deviation(self, x: Tensor) -> Tensor:
-        """``[...]``: the largest | |x_k| - 1 | over all sphere factors k (0 on the manifold; how far a
+        """``[...]``: the largest ``| |x_k| - 1 |`` over all sphere factors k (0 on the manifold; how far a
         Euclidean operation has drifted off it)."""
         _check_last_dim(f"{self.name}.norm_deviation", x, self.dim)
         devs = [(parts[0].norm(dim=-1) - 1).abs().amax(-1) for m, b, parts in self._split(x) if b.kind == "sphere"]

@@ -78,7 +78,7 @@ def straightness(trajectory: Tensor, manifold: Manifold | None = None) -> dict[s
     """Per-trajectory straightness of ``trajectory`` [T+1, B, D] sampled on a uniform time grid on [0, 1]:
 
     * ``ratio`` = d(x_0, x_1) / length of the polygonal path (1 for a straight line / geodesic);
-    * ``energy_excess`` = int_0^1 |dx/dt|^2 dt - d(x_0, x_1)^2 (>= 0, 0 iff the path is straight and
+    * ``energy_excess`` = ``int_0^1 |dx/dt|^2 dt - d(x_0, x_1)^2`` (>= 0, 0 iff the path is straight and
       traversed at constant speed; Tong et al.'s normalized path energy before normalization).
     """
     if trajectory.dim() != 3 or trajectory.shape[0] < 2:
