@@ -9,16 +9,20 @@
 * :mod:`~wsbook.weightflow.flow`: :class:`WeightFlow` (fit, sample, log_prob, state_dict / from_state,
   with_spec) and the reference code's sampler, kept to measure its error.
 * :mod:`~wsbook.weightflow.guidance`: task-loss guidance for the whole population at once.
+* :mod:`~wsbook.weightflow.checkpoints`: a directory of ordinary PyTorch MLP ``state_dict`` files in
+  (:func:`load_checkpoints`), sampled networks back out as such files (:func:`save_checkpoints`).
 
 Imports ``nets``, ``manifolds``, ``flows``, ``symmetry`` and ``graphs``; never ``bayes``, the plotting
 package or ``experiments``: the populations it learns from are handed to it.
 """
 from wsbook.weightflow.charts import (Chart, EuclideanChart, GeometricChart, NormalizedChart, chart_from_config,
                                       make_chart)
+from wsbook.weightflow.checkpoints import CheckpointError, load_checkpoints, save_checkpoints
 from wsbook.weightflow.fields import FlatField, NeuronField, NeuronGraphField, field_from_config, gnn_field
 from wsbook.weightflow.flow import FitResult, WeightFlow, reference_sample, sample_times
 from wsbook.weightflow.guidance import Guidance, task_gradient
 
 __all__ = ["Chart", "EuclideanChart", "NormalizedChart", "GeometricChart", "make_chart", "chart_from_config",
            "gnn_field", "FlatField", "NeuronField", "NeuronGraphField", "field_from_config", "WeightFlow", "FitResult",
-           "reference_sample", "sample_times", "Guidance", "task_gradient"]
+           "reference_sample", "sample_times", "Guidance", "task_gradient", "load_checkpoints", "save_checkpoints",
+           "CheckpointError"]

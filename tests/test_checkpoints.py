@@ -1,0 +1,244 @@
+"""Flows over your own networks (wsbook.weightflow.checkpoints): a directory of ordinary PyTorch MLP
+state dicts in, a flow fitted and sampled, the samples back out as state dicts that load into a fresh
+``nn.Sequential``; and a clear error, naming the file, for every checkpoint that cannot join."""
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+
+import pytest
+import torch
+from torch import nn
+
+from wsbook.nets import MLPSpec
+from wsbook.weightflow import (CheckpointError, GeometricChart, NeuronField, WeightFlow, load_checkpoints,
+                               save_checkpoints)
+from wsbook.weightflow.checkpoints import checkpoint_files
+
+
+def mlp(widths=(4, 6, 3), bias=True, act=nn.ReLU) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for k, (i, o) in enumerate(zip(widths[:-1], widths[1:])):
+        layers.append(nn.Linear(i, o, bias=bias))
+        if k < len(widths) - 2:
+            layers.append(act())
+    return nn.Sequential(*layers)
+
+
+def trained_mlps(n=6, widths=(4, 6, 3), seed=0, steps=5) -> list[nn.Sequential]:
+    """``n`` tiny MLPs, each a few Adam steps into fitting a random 3-class problem."""
+    torch.manual_seed(seed)
+    x, y = torch.randn(32, widths[0]), torch.randint(0, widths[-1], (32,))
+    nets = []
+    for _ in range(n):
+        net = mlp(widths)
+        opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+        for _ in range(steps):
+            opt.zero_grad()
+            nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+        nets.append(net)
+    return nets
+
+
+@pytest.fixture
+def own_dir(tmp_path):
+    """A directory as a user has it: one ``torch.save(net.state_dict(), ...)`` per network."""
+    nets = trained_mlps()
+    directory = tmp_path / "mine"
+    directory.mkdir()
+    for k, net in enumerate(nets):
+        torch.save(net.state_dict(), directory / f"net_{k}.pt")
+    (directory / "notes.txt").write_text("not a checkpoint, and not read")
+    return directory, nets
+
+
+def test_loading_stacks_the_files_as_from_modules_does(own_dir):
+    directory, nets = own_dir
+    spec, theta = load_checkpoints(directory)
+    assert spec == MLPSpec((4, 6, 3)) and theta.shape == (6, spec.n_params)
+    assert torch.equal(theta, spec.from_modules(nets))
+    assert [p.name for p in checkpoint_files(directory)] == [f"net_{k}.pt" for k in range(6)]
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(spec.forward(theta, x)[2], nets[2](x))
+
+
+def test_round_trip_load_fit_sample_save_and_run(own_dir, tmp_path):
+    directory, _ = own_dir
+    spec, theta = load_checkpoints(directory)
+    chart = GeometricChart(spec, reference=theta[0])
+    flow = WeightFlow(chart, NeuronField(spec, hidden=16, anchored=True), coupling="ot")
+    gen = torch.Generator().manual_seed(0)
+    fit = flow.fit(theta, steps=3, generator=gen, progress=False)
+    assert torch.isfinite(fit.losses).all()
+    samples = flow.sample(4, steps=4, generator=gen)
+    paths = save_checkpoints(spec, samples, tmp_path / "out", prefix="sample")
+    assert [p.name for p in paths] == [f"sample_{k:03d}.pt" for k in range(4)]
+    x = torch.randn(7, 4)
+    for k, path in enumerate(paths):
+        net = mlp()                                     # a fresh module of the user's
+        net.load_state_dict(torch.load(path))           # strict: the keys are nn.Sequential's
+        with torch.no_grad():
+            torch.testing.assert_close(net(x), spec.forward(samples[k], x)[0])
+    spec_back, theta_back = load_checkpoints(tmp_path / "out")
+    assert spec_back == spec and torch.equal(theta_back, samples)
+    # each file holds its own network, not a view of the whole population's storage
+    for t in torch.load(paths[0]).values():
+        assert t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+def test_deeper_nets_without_bias_other_activations_and_nested_checkpoints(tmp_path):
+    torch.manual_seed(1)
+    nets = [mlp((3, 5, 4, 2), bias=False, act=nn.Tanh) for _ in range(3)]
+    for k, net in enumerate(nets):       # a training loop's checkpoint, the model under "model_state_dict"
+        torch.save({"epoch": 3, "model_state_dict": net.state_dict(), "optimizer": {"lr": 0.1}},
+                   tmp_path / f"ckpt_{k}.pth")
+    spec, theta = load_checkpoints(tmp_path, activation="tanh")
+    assert spec == MLPSpec((3, 5, 4, 2), activation="tanh", bias=False)
+    assert torch.equal(theta, spec.from_modules(nets))
+    paths = save_checkpoints(spec, theta, tmp_path / "back")
+    fresh = mlp((3, 5, 4, 2), bias=False, act=nn.Tanh)
+    fresh.load_state_dict(torch.load(paths[1]))
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x), nets[1](x))
+    with pytest.raises(ValueError, match="activation"):
+        load_checkpoints(tmp_path, activation="swish")
+
+
+class Named(nn.Module):
+    """A user's own module with named layers, not an ``nn.Sequential``."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = nn.Linear(4, 6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.hidden(x)))
+
+
+def test_like_names_the_layers_of_the_users_own_module(tmp_path):
+    torch.manual_seed(2)
+    nets = [Named() for _ in range(3)]
+    for k, net in enumerate(nets):
+        torch.save(net.state_dict(), tmp_path / f"{k}.pt")
+    spec, theta = load_checkpoints(tmp_path)
+    assert torch.equal(theta, spec.from_modules(nets))
+    for like in (Named(), nets[0].state_dict(), tmp_path / "0.pt"):
+        paths = save_checkpoints(spec, theta, tmp_path / "out", like=like, overwrite=True)
+        net = Named()
+        net.load_state_dict(torch.load(paths[2]))
+        x = torch.randn(3, 4)
+        with torch.no_grad():
+            torch.testing.assert_close(net(x), nets[2](x))
+    with pytest.raises(ValueError, match="like"):
+        save_checkpoints(spec, theta, tmp_path / "bad", like=mlp((4, 7, 3)))
+    with pytest.raises(TypeError, match="like"):
+        save_checkpoints(spec, theta, tmp_path / "bad", like=42)
+
+
+def _error(directory, name) -> str:
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoints(directory)
+    assert info.value.path.name == name and name in str(info.value)
+    return str(info.value)
+
+
+def test_a_different_architecture_is_named(own_dir):
+    directory, _ = own_dir
+    torch.save(mlp((4, 8, 3)).state_dict(), directory / "net_9_wider.pt")
+    message = _error(directory, "net_9_wider.pt")
+    assert "same architecture" in message and "net_0.pt" in message and "(8, 4)" in message
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_nan_or_inf_weights_are_named(own_dir, bad):
+    directory, nets = own_dir
+    state = nets[0].state_dict()
+    state["2.weight"][1, 1] = bad
+    torch.save(state, directory / "net_3.pt")
+    message = _error(directory, "net_3.pt")
+    assert "NaN or infinite" in message and "'2.weight'" in message
+
+
+def test_a_convolution_or_a_normalisation_layer_is_not_an_mlp(tmp_path):
+    conv = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4, 2))
+    torch.save(conv.state_dict(), tmp_path / "conv.pt")
+    assert "convolution" in _error(tmp_path, "conv.pt")
+    (tmp_path / "conv.pt").unlink()
+    norm = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3))
+    torch.save(norm.state_dict(), tmp_path / "norm.pt")
+    assert "running_mean" in _error(tmp_path, "norm.pt")
+    (tmp_path / "norm.pt").unlink()
+    layer_norm = nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6), nn.Linear(6, 3))
+    torch.save(layer_norm.state_dict(), tmp_path / "ln.pt")
+    assert "[6]" in _error(tmp_path, "ln.pt")
+
+
+def test_layers_that_do_not_chain_or_mix_biases_are_named(tmp_path):
+    torch.save(OrderedDict([("a.weight", torch.zeros(6, 4)), ("a.bias", torch.zeros(6)),
+                            ("b.weight", torch.zeros(3, 5)), ("b.bias", torch.zeros(3))]), tmp_path / "gap.pt")
+    assert "not a chain" in _error(tmp_path, "gap.pt")
+    (tmp_path / "gap.pt").unlink()
+    torch.save(OrderedDict([("a.weight", torch.zeros(6, 4)), ("a.bias", torch.zeros(6)),
+                            ("b.weight", torch.zeros(3, 6))]), tmp_path / "mixed.pt")
+    assert "no bias" in _error(tmp_path, "mixed.pt")
+    (tmp_path / "mixed.pt").unlink()
+    torch.save({"0.weight": torch.zeros(6, 4, dtype=torch.long)}, tmp_path / "ints.pt")
+    assert "floating" in _error(tmp_path, "ints.pt")
+
+
+@pytest.mark.parametrize("name, write, needle", [
+    ("tensor.pt", lambda p: torch.save(torch.zeros(3, 4), p), "tensor of shape [3, 4], not a state dict"),
+    ("list.pt", lambda p: torch.save([torch.zeros(2)], p), "list, not a state dict"),
+    ("empty.pt", lambda p: torch.save({}, p), "empty dict"),
+    ("mixed.pt", lambda p: torch.save({"0.weight": torch.zeros(2, 2), "epoch": 3}, p), "'epoch' is an int"),
+    ("text.pt", lambda p: p.write_text("hello"), "cannot be read"),
+    ("module.pt", lambda p: torch.save(mlp(), p), "cannot be read"),
+])
+def test_a_file_that_is_not_a_state_dict_is_named(own_dir, name, write, needle):
+    directory, _ = own_dir
+    write(directory / name)
+    message = _error(directory, name)
+    assert needle in message and "torch.save(model.state_dict(), path)" in message
+
+
+def test_empty_or_missing_directories(tmp_path):
+    (tmp_path / "readme.md").write_text("no checkpoints here")
+    (tmp_path / ".hidden.pt").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=re.escape(f"no checkpoint files (*.pt, *.pth) in {tmp_path}")):
+        load_checkpoints(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no directory"):
+        load_checkpoints(tmp_path / "absent")
+    with pytest.raises(NotADirectoryError):
+        load_checkpoints(tmp_path / "readme.md")
+    spec, theta = MLPSpec((2, 3, 2)), MLPSpec((2, 3, 2)).init(2)
+    save_checkpoints(spec, theta, tmp_path / "w", prefix="net")
+    assert load_checkpoints(tmp_path / "w", pattern="net_*.pt")[1].shape == (2, spec.n_params)
+
+
+def test_saving_refuses_to_overwrite_bad_networks_and_other_specs(tmp_path):
+    spec = MLPSpec((2, 3, 2))
+    theta = spec.init(3, generator=torch.Generator().manual_seed(0))
+    save_checkpoints(spec, theta, tmp_path)
+    with pytest.raises(FileExistsError, match="sample_000.pt"):
+        save_checkpoints(spec, theta + 1, tmp_path)
+    assert torch.equal(load_checkpoints(tmp_path)[1], theta), "a refused save must write nothing"
+    save_checkpoints(spec, theta + 1, tmp_path, overwrite=True)
+    assert torch.equal(load_checkpoints(tmp_path)[1], theta + 1)
+    bad = theta.clone()
+    bad[1, 0] = float("nan")
+    with pytest.raises(ValueError, match="row 1"):
+        save_checkpoints(spec, bad, tmp_path / "nan")
+    assert not (tmp_path / "nan").exists()
+    with pytest.raises(ValueError, match="shape"):
+        save_checkpoints(spec, theta[:, :-1], tmp_path / "short")
+    with pytest.raises(ValueError, match="prefix"):
+        save_checkpoints(spec, theta, tmp_path / "p", prefix="a/b")
+    with pytest.raises(TypeError, match="MLPSpec"):
+        save_checkpoints("not a spec", theta, tmp_path / "p")
+    # 1,001 networks get four digits, so the files sort in the population's order
+    many = save_checkpoints(spec, spec.init(1001), tmp_path / "many")
+    assert many[0].name == "sample_0000.pt" and many[-1].name == "sample_1000.pt"
