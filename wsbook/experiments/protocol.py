@@ -157,7 +157,7 @@ def iid_rows(n_rows: int, n: int, generator: torch.Generator) -> Tensor:
 
 
 def perfect_generator_floor(source_probs: Tensor, source_runs: Tensor, reference_probs: Tensor, n: int,
-                            bandwidth: float, draws: int = 8, seed: int = 0) -> Floor:
+                            bandwidth: float, draws: int = 32, seed: int = 0) -> Floor:
     """The MMD\\ :sup:`2` a perfect generator scores against ``reference_probs``.
 
     Args:
