@@ -279,3 +279,18 @@ def test_descend_schedule_ema_and_checkpoint_hooks():
     assert not torch.equal(ema.module.weight, model.weight)                 # lags behind the model
     with pytest.raises(ValueError, match="optimizer"):
         make_optimizer(model.parameters(), "lbfgs", lr=0.1)
+
+
+def test_train_population_leaves_the_allocator_alone(monkeypatch):
+    """Training changes no process-wide setting: the program tunes the allocator once at its start
+    (``setup_chapter``, ``python -m wsbook``), never a library call."""
+    from wsbook import config
+
+    calls = []
+    monkeypatch.setattr(config, "tune_allocator", lambda: calls.append(1) or True)
+    g = torch.Generator().manual_seed(0)
+    spec = MLPSpec((2, 4, 2))
+    x = torch.randn(16, 2, generator=g)
+    train_population(spec, spec.init(3, generator=g, device="cpu"), x, (x[:, 0] > 0).long(), steps=2, lr=1e-2,
+                     progress=False)
+    assert calls == []

@@ -111,8 +111,9 @@ def tune_allocator() -> bool:
     raises the mmap and trim thresholds (as ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_``
     would). Returns whether the allocator was tuned (only on Linux with glibc).
 
-    A process-wide change, so it is never done at import: :func:`wsbook.nets.train_population` and
-    :func:`wsbook.experiments.setup_chapter` call it. Calls after the first return the first answer.
+    A process-wide change, so neither importing wsbook nor calling a library function does it: a program
+    calls it once at its start (:func:`wsbook.experiments.setup_chapter` for the chapters, ``python -m
+    wsbook`` and the benchmarks that train). Calls after the first return the first answer.
     """
     global _ALLOCATOR_TUNED
     if os.environ.get("WSBOOK_MALLOC_TUNING", "1").strip().lower() in ("0", "false", "no", "off"):

@@ -680,7 +680,6 @@ def train_population(
     granule = distributed.granule_for(theta0.shape[1] * theta0.element_size())
     split = shard is not False and distributed.splits(B, granule=granule)
     rows = distributed.shard(B, granule=granule) if split else slice(0, B)
-    config.tune_allocator()   # keep activation buffers between steps (a process-wide glibc setting)
     param = theta0[rows].detach().clone().requires_grad_(True)
     opt = make_optimizer([param], optimizer, lr=lr, weight_decay=weight_decay, momentum=momentum)
     checkpoints, checkpoint_steps = [], []
