@@ -113,3 +113,17 @@ def test_distances_to_mean_flatten_probabilities_and_tell_a_shell_from_a_cloud()
     assert ds.std() < 0.05 < dc.std()
     with pytest.raises(ValueError, match="feature sizes"):
         distances_to_mean(cloud, shell[:, :3])
+
+
+def test_median_bandwidth_subsamples_with_the_books_seed(monkeypatch):
+    """Without a generator the subsample comes from ``config.generator()`` (``WSBOOK_SEED``), not from a
+    seed of its own: the same seed gives the same bandwidth, another seed another one."""
+    x = torch.randn(400, 5, generator=torch.Generator().manual_seed(3))
+
+    def default(seed):
+        monkeypatch.setenv("WSBOOK_SEED", str(seed))
+        return dist.median_bandwidth(x, max_points=50)
+
+    explicit = [dist.median_bandwidth(x, max_points=50, generator=torch.Generator().manual_seed(s)) for s in (0, 1)]
+    assert default(0) == default(0) == explicit[0]
+    assert default(1) == explicit[1] != explicit[0]

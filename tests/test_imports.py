@@ -1,11 +1,12 @@
 """The package map of DESIGN.md, enforced: every import of every module of ``wsbook`` (read with ``ast``,
-lazy imports inside functions included) points down the map, and importing ``wsbook`` changes no global
-state."""
+lazy imports inside functions included) points down the map, importing ``wsbook`` changes no global
+state, and no function falls back on a random seed of its own."""
 from __future__ import annotations
 
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -208,3 +209,12 @@ def test_setup_chapter_is_where_the_global_state_changes():
     assert out.returncode == 0, out.stderr[-3000:]
     # on the CPU (the tests' device) chapters use torch's deterministic kernels
     assert json.loads(out.stdout.strip().splitlines()[-1]) == ["wsbook", "wsbook", 3, True]
+
+
+def test_no_function_falls_back_on_a_seed_of_its_own():
+    """A random function takes a generator; without one it draws from the book's seed
+    (``config.generator()``, ``WSBOOK_SEED``), never from a fixed seed written into it."""
+    private = re.compile(r"if generator is not None else torch\.Generator\([^)]*\)\.manual_seed\(")
+    found = [f"{module_name(p)}:{i}" for p in all_modules()
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if private.search(line)]
+    assert not found, "defaults with a private seed (use config.generator()):\n" + "\n".join(found)

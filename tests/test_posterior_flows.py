@@ -219,3 +219,17 @@ def test_posterior_terms_split_the_log_posterior_per_network():
     assert torch.allclose(torch.tensor(terms["log_prior"][5:].to_numpy()), shrunk_prior)
     # a smaller network sits higher under the zero-mean prior
     assert (terms["log_prior"][5:].to_numpy() > terms["log_prior"][:3].to_numpy()).all()
+
+
+def test_sample_flow_without_a_generator_draws_from_the_books_seed(monkeypatch):
+    """No private seed: the default source draws come from ``config.generator()`` (``WSBOOK_SEED``)."""
+    spec = MLPSpec((3, 4, 2))
+    flow = WeightFlow(EuclideanChart(spec, sigma=1.0), FlatField(spec, hidden=16, depth=2))
+
+    def draw(seed, generator=None):
+        monkeypatch.setenv("WSBOOK_SEED", str(seed))
+        return pf.sample_flow(flow, 5, generator, steps=2)[0]
+
+    assert torch.equal(draw(0), draw(0))
+    assert torch.equal(draw(0), draw(7, torch.Generator().manual_seed(0)))
+    assert not torch.equal(draw(1), draw(0))

@@ -20,6 +20,8 @@ import math
 import torch
 from torch import Tensor
 
+from wsbook import config
+
 
 def as_features(x: Tensor, name: str = "x") -> Tensor:
     """A set of networks as feature rows: ``[n, F]`` stays, ``[n, N, C]`` (probabilities) becomes ``[n, N * C]``."""
@@ -56,7 +58,7 @@ def median_bandwidth(x: Tensor, y: Tensor | None = None, max_points: int = 2000,
     if z.shape[0] < 2:
         raise ValueError(f"the median heuristic needs at least 2 members; got {z.shape[0]}")
     if z.shape[0] > max_points:
-        gen = generator if generator is not None else torch.Generator().manual_seed(0)
+        gen = generator if generator is not None else config.generator()
         z = z[torch.randperm(z.shape[0], generator=gen)[:max_points].to(z.device)]
     d = _sq_dists(z, z)
     off = ~torch.eye(z.shape[0], dtype=torch.bool, device=z.device)

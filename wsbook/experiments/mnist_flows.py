@@ -338,7 +338,7 @@ def score(probs: Tensor, y: Tensor, refs: "flows.References | None" = None,
         refs: the reference runs, or ``None``.
         generator: the BMA members.
     """
-    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    gen = generator if generator is not None else config.generator()
     ev = targets.evaluate_probs(probs, y, bma_k=64, generator=gen)
     row = dict(accuracy=ev.accuracy, accuracy_std=ev.accuracy_std, nll=ev.nll, nll_std=ev.nll_std,
                bma64_accuracy=ev.bma_accuracy, bma64_nll=ev.bma_nll,
@@ -371,7 +371,7 @@ def bma_curve(probs: Tensor, y: Tensor, sizes: tuple[int, ...] = BMA_SIZES, repe
     the set's size), each averaged over ``repeats`` random draws: ``{k: {"accuracy", "nll"}}``."""
     from wsbook.bayes import metrics as M
 
-    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    gen = generator if generator is not None else config.generator()
     n = probs.shape[0]
     out = {}
     for k in sizes:

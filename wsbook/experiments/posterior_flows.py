@@ -296,7 +296,7 @@ def sample_flow(flow: WeightFlow, n: int, generator: torch.Generator | None = No
                 steps: int | None = None) -> tuple[Tensor, Tensor, float]:
     """``n`` networks of a flow: ``(theta [n, D], chart points [n, D], seconds)`` (midpoint solver)."""
     steps = flow_settings().sample_steps if steps is None else steps
-    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    gen = generator if generator is not None else config.generator()
     x0 = flow.chart.sample_source(n, gen)
     start = time.perf_counter()
     with torch.no_grad():
@@ -346,7 +346,7 @@ def gaussian_fits(task: str, n: int, generator: torch.Generator | None = None,
     covariances of few draws positive definite.
     """
     ref = targets.hmc_reference(task, 0)
-    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    gen = generator if generator is not None else config.generator()
     theta = ref.theta.double()
     d, k = theta.shape[1], ref.n_chains
     chains = theta.reshape(-1, k, d).transpose(0, 1)                     # [K, S, D]: rows are draw-major
@@ -395,7 +395,7 @@ def guided(flow: WeightFlow, n: int, weight: float = 2.0, task: str = "breast_ca
     t = get_task(task)
     ds = t.data()
     steps = flow_settings().sample_steps if steps is None else int(steps)
-    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    gen = generator if generator is not None else config.generator()
     guide = Guidance(ds.x_train, ds.y_train, weight=weight, schedule="quadratic", task=t.task, batch_size=None)
     out = {}
     start = time.perf_counter()
@@ -731,7 +731,7 @@ def cost_inputs(task: str = "breast_cancer", n: int | None = None, generator: to
     from wsbook.experiments import tasks
 
     n = tasks.posterior_sample_size() if n is None else int(n)
-    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    gen = generator if generator is not None else config.generator()
     out = {}
     for name in flows:
         flow, seconds = cost_flow(task, name)

@@ -201,7 +201,7 @@ def split_runs(z: Zoo, n_holdout: int, generator: torch.Generator | None = None)
     runs = z.runs
     if not 1 <= n_holdout < len(runs):
         raise ValueError(f"n_holdout must be in [1, {len(runs) - 1}] for a zoo of {len(runs)} runs; got {n_holdout}")
-    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    gen = generator if generator is not None else config.generator()
     held = runs[torch.randperm(len(runs), generator=gen)[:n_holdout].to(runs.device)]
     is_held = torch.isin(z.run, held)
     return z.select(~is_held), z.select(is_held)
@@ -382,7 +382,7 @@ def evaluate_probs(probs: Tensor, y: Tensor, bma_k: int = 64, generator: torch.G
     n = probs.shape[0]
     acc, nl = M.accuracy(probs, y), M.nll(probs, y)
     k = min(bma_k, n)
-    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    gen = generator if generator is not None else config.generator()
     pick = torch.randperm(n, generator=gen)[:k].to(probs.device)
     p = probs[pick].mean(0)
     std = (lambda v: float(v.std()) if n > 1 else 0.0)
@@ -453,7 +453,7 @@ def compare_to_reference(probs: Tensor, reference: Tensor, second: Tensor, *, ma
         bandwidth: kernel bandwidth (default: median heuristic on ``reference`` and ``second``).
         generator: for the subsampling.
     """
-    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    gen = generator if generator is not None else config.generator()
     for name, p in (("probs", probs), ("second", second)):
         if p.shape[1:] != reference.shape[1:]:
             raise ValueError(f"{name} must be [n, {reference.shape[1]}, {reference.shape[2]}] like the reference; "
@@ -539,7 +539,7 @@ def zoo_barriers(z: Zoo, n_networks: int, generator: torch.Generator | None = No
 
     if split not in ("train", "val", "test"):
         raise ValueError(f"split must be 'train', 'val' or 'test'; got {split!r}")
-    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    gen = generator if generator is not None else config.generator()
     runs = z.runs
     if not 2 <= n_networks <= len(runs):
         raise ValueError(f"n_networks must be in [2, {len(runs)}] (one per run); got {n_networks}")
