@@ -296,3 +296,21 @@ def test_learned_noise_gaussian_likelihood(linreg):
     fit = bayes.fit_map(learned, learned.init(2, dtype=torch.float64), steps=1500, lr=0.05, progress=False)
     sigma_hat = fit.theta[:, -1].exp()
     assert ((sigma_hat - linreg["sigma"]).abs() < 0.15).all(), sigma_hat
+
+
+def test_predictive_probs_is_one_function_and_its_blocks_change_no_number():
+    """The chapters' ``targets.predictive_probs`` is ``bayes.predictive_probs``; blocks of networks and
+    chunks of inputs give the probabilities of the whole population at once."""
+    from wsbook.experiments import targets
+
+    assert targets.predictive_probs is bayes.predictive_probs is M.predictive_probs
+    g = torch.Generator().manual_seed(0)
+    spec = MLPSpec((4, 6, 3))
+    theta = spec.init(10, generator=g, device="cpu")
+    x = torch.randn(40, 4, generator=g)
+    whole = torch.softmax(spec.forward(theta, x), -1)
+    blocked = M.predictive_probs(spec, theta, x, chunk=7, max_elements=3 * 40 * 6)      # blocks of 3 networks
+    assert blocked.shape == (10, 40, 3)
+    torch.testing.assert_close(blocked, whole)
+    torch.testing.assert_close(M.predictive_probs(spec, theta.double(), x), whole)       # moved to x's dtype
+    torch.testing.assert_close(M.predictive_probs(spec, theta[2], x), whole[2:3])        # one [D] network

@@ -115,6 +115,23 @@ def test_distances_to_mean_flatten_probabilities_and_tell_a_shell_from_a_cloud()
         distances_to_mean(cloud, shell[:, :3])
 
 
+def test_wasserstein2_shares_the_flows_transport_solve():
+    """One transport solve (``flows.wasserstein2_from_costs``) serves both W2s; this one keeps its float64
+    costs and returns a float64 scalar."""
+    from wsbook import flows
+
+    gen = torch.Generator().manual_seed(4)
+    x, y = _gauss(30, 3, 0.0, gen), _gauss(40, 3, 0.5, gen)
+    w = dist.wasserstein2(x, y)
+    assert w.dtype == torch.float64 and w.shape == ()
+    assert float(w) == flows.wasserstein2_from_costs(dist._sq_dists(x, y))
+    assert float(w) == pytest.approx(flows.wasserstein2(x, y), rel=1e-10)
+    a = torch.full((30,), 1 / 30, dtype=torch.float64)
+    assert float(dist.wasserstein2(x, y, a=a)) == float(w)
+    with pytest.raises(ValueError, match="weights"):
+        flows.wasserstein2_from_costs(torch.ones(3, 4), a=torch.ones(2))
+
+
 def test_median_bandwidth_subsamples_with_the_books_seed(monkeypatch):
     """Without a generator the subsample comes from ``config.generator()`` (``WSBOOK_SEED``), not from a
     seed of its own: the same seed gives the same bandwidth, another seed another one."""

@@ -294,3 +294,21 @@ def test_train_population_leaves_the_allocator_alone(monkeypatch):
     train_population(spec, spec.init(3, generator=g, device="cpu"), x, (x[:, 0] > 0).long(), steps=2, lr=1e-2,
                      progress=False)
     assert calls == []
+
+
+def test_accuracy_is_one_definition_for_networks_and_for_predictives():
+    """``nets.accuracy`` (networks on inputs) and ``bayes.accuracy`` (a predictive) both are
+    :func:`output_accuracy`: the fraction of points whose top class is the label."""
+    from wsbook import bayes
+    from wsbook.nets import output_accuracy
+
+    g = torch.Generator().manual_seed(0)
+    spec = MLPSpec((3, 5, 4))
+    theta = spec.init(6, generator=g, device="cpu")
+    x, y = torch.randn(50, 3, generator=g), torch.randint(0, 4, (50,), generator=g)
+    logits = spec.forward(theta, x)
+    expected = torch.tensor([[float(logits[b, n].argmax() == y[n]) for n in range(50)] for b in range(6)]).mean(1)
+    assert torch.equal(output_accuracy(logits, y), expected)
+    assert torch.equal(accuracy(spec, theta, x, y), expected)
+    assert torch.equal(bayes.accuracy(logits, y), expected)
+    assert torch.equal(bayes.accuracy(bayes.predictive_probs(spec, theta, x), y), expected)

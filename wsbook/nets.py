@@ -564,10 +564,16 @@ def per_member_loss(spec: NetSpec, theta: Tensor, x: Tensor, y: Tensor, task: st
     return output_loss(spec.forward(theta, x), y, task)
 
 
+def output_accuracy(out: Tensor, y: Tensor) -> Tensor:
+    """Fraction of points whose highest-scoring class is the label: ``out [..., N, C]`` (logits or
+    probabilities) against labels ``y [N]`` (or ``[..., N]``), ``[...]``."""
+    return (out.argmax(-1) == y).float().mean(-1)
+
+
 def accuracy(spec: NetSpec, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
-    """Per-member classification accuracy ``[B]``."""
+    """Per-member classification accuracy ``[B]`` (:func:`output_accuracy` of the outputs, without grad)."""
     with torch.no_grad():
-        return (spec.forward(theta, x).argmax(-1) == y).float().mean(-1)
+        return output_accuracy(spec.forward(theta, x), y)
 
 
 def _accumulate_gradients(spec: MLPSpec, theta: Tensor, x: Tensor, y: Tensor, task: str,

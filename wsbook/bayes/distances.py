@@ -188,19 +188,12 @@ def wasserstein2(x: Tensor, y: Tensor, a: Tensor | None = None, b: Tensor | None
         x, y: the two point clouds (e.g. aligned weight vectors).
         a, b: probability weights of the points (non-negative, summing to 1).
         max_iter: iteration limit of the network simplex.
+
+    The transport solve is :func:`wsbook.flows.metrics.wasserstein2_from_costs`; :func:`wsbook.flows.wasserstein2`
+    is the same distance for point clouds of a flow (costs in the points' dtype, or geodesic on a manifold).
     """
-    import ot
+    from wsbook.flows.metrics import wasserstein2_from_costs
 
     x, y = _pair(x, y)
-    n, m = x.shape[0], y.shape[0]
-    a = torch.full((n,), 1.0 / n, dtype=torch.float64) if a is None else a.to(torch.float64).cpu()
-    b = torch.full((m,), 1.0 / m, dtype=torch.float64) if b is None else b.to(torch.float64).cpu()
-    if a.shape != (n,) or b.shape != (m,):
-        raise ValueError(f"weights must be [{n}] and [{m}]; got {tuple(a.shape)} and {tuple(b.shape)}")
-    if (a < 0).any() or (b < 0).any() or abs(float(a.sum()) - 1) > 1e-6 or abs(float(b.sum()) - 1) > 1e-6:
-        raise ValueError("weights must be non-negative and sum to 1")
-    cost = _sq_dists(x, y).cpu().numpy()
-    value, log = ot.emd2(a.numpy(), b.numpy(), cost, numItermax=int(max_iter), log=True)
-    if log.get("warning"):
-        raise RuntimeError(f"ot.emd2 did not solve the transport problem: {log['warning']}")
-    return torch.tensor(float(value), dtype=torch.float64).clamp_min(0.0).sqrt()
+    value = wasserstein2_from_costs(_sq_dists(x, y), a, b, max_iter=max_iter)
+    return torch.tensor(value, dtype=torch.float64)

@@ -10,14 +10,24 @@ import math
 import torch
 from torch import Tensor
 
-from wsbook.nets import MLPSpec
+from wsbook.nets import MLPSpec, output_accuracy
 
 
-def predictive_probs(spec: MLPSpec, theta: Tensor, x: Tensor, chunk: int = 4096) -> Tensor:
-    """Class probabilities of every member, ``[B, N, C]`` (softmax of the logits), computed without grad."""
+def predictive_probs(spec: MLPSpec, theta: Tensor, x: Tensor, chunk: int = 4096,
+                     max_elements: int = 2 ** 25) -> Tensor:
+    """Class probabilities of every member on the shared inputs ``x [N, ...]``, ``[B, N, C]`` (softmax of the
+    logits), computed without grad.
+
+    The members are evaluated in blocks of about ``max_elements // (N * widest layer)`` networks (each block
+    moved to ``x``'s device and dtype), every block on ``chunk`` inputs at a time, so that a large population
+    on many inputs never holds all its activations at once.
+    """
+    theta = spec.check(theta)
+    rows = max(1, max_elements // max(1, x.shape[0] * max(spec.widths[1:])))
     with torch.no_grad():
-        return torch.cat([torch.softmax(spec.forward(theta, x[i:i + chunk]), -1)
-                          for i in range(0, x.shape[0], chunk)], dim=1)
+        return torch.cat([torch.cat([torch.softmax(spec.forward(block, x[i:i + chunk]), -1)
+                                     for i in range(0, x.shape[0], chunk)], dim=1)
+                          for block in (theta[s:s + rows].to(x) for s in range(0, theta.shape[0], rows))])
 
 
 def bma(probs: Tensor, weights: Tensor | None = None) -> Tensor:
@@ -43,9 +53,9 @@ def nll(p: Tensor, y: Tensor, eps: float = 1e-12) -> Tensor:
 
 
 def accuracy(p: Tensor, y: Tensor) -> Tensor:
-    """Fraction of points whose most probable class is the label."""
+    """Fraction of points whose most probable class is the label (:func:`wsbook.nets.output_accuracy`)."""
     _check(p, y)
-    return (p.argmax(-1) == y).float().mean(-1)
+    return output_accuracy(p, y)
 
 
 def brier(p: Tensor, y: Tensor) -> Tensor:

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from wsbook import config, data
 from wsbook.bayes import metrics as M
+from wsbook.bayes.metrics import predictive_probs  # also the chapters' targets.predictive_probs
 from wsbook.bayes.distances import median_bandwidth, mmd2
 from wsbook.bayes.mcmc import hmc
 from wsbook.bayes.optim import deep_ensemble
@@ -283,12 +284,6 @@ class Reference:
         if not 1 <= n <= total:
             raise ValueError(f"n must be in [1, {total}]; got {n}")
         return torch.linspace(0, total - 1, n).round().long()
-
-
-def predictive_probs(spec: MLPSpec, theta: Tensor, x: Tensor, max_elements: int = 2 ** 25) -> Tensor:
-    """Class probabilities ``[n, N, C]`` of a population, in chunks of networks (no grad)."""
-    rows = max(1, max_elements // max(1, x.shape[0] * max(spec.widths[1:])))
-    return torch.cat([M.predictive_probs(spec, theta[s:s + rows].to(x), x) for s in range(0, theta.shape[0], rows)])
 
 
 @cached("targets/hmc_reference", version=1)

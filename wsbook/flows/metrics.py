@@ -24,11 +24,37 @@ def wasserstein2(x: Tensor, y: Tensor, manifold: Manifold | None = None) -> floa
             raise ValueError(f"wasserstein2: {name} contains NaN or inf (rows {rows[:10]}"
                              f"{' ...' if len(rows) > 10 else ''}); the distance is undefined")
     cost = torch.cdist(x, y) ** 2 if manifold is None else manifold.pairwise_sqdist(x, y)
-    m = cost.detach().to("cpu", torch.float64).numpy()
-    a, b = np.full(x.shape[0], 1.0 / x.shape[0]), np.full(y.shape[0], 1.0 / y.shape[0])
-    value, log = ot.emd2(a, b, m, numItermax=2_000_000, log=True)
+    return wasserstein2_from_costs(cost)
+
+
+def wasserstein2_from_costs(cost: Tensor, a: Tensor | None = None, b: Tensor | None = None,
+                            max_iter: int = 2_000_000) -> float:
+    """Exact W2 between two empirical distributions given the squared ground costs ``cost [N, M]`` between
+    their points: the square root of the optimal transport cost, by the network simplex of POT (``ot.emd2``,
+    costs and weights in float64). The one transport solve behind :func:`wasserstein2` and
+    :func:`wsbook.bayes.distances.wasserstein2`.
+
+    Args:
+        cost: squared distances from each of the ``N`` points to each of the ``M`` points.
+        a, b: probability weights of the points (non-negative, summing to 1); default uniform.
+        max_iter: iteration limit of the network simplex.
+
+    Raises:
+        ValueError: for weights of the wrong size, negative, or not summing to 1.
+        RuntimeError: when the solver does not solve the problem within ``max_iter`` iterations.
+    """
+    n, m = cost.shape
+    a = np.full(n, 1.0 / n) if a is None else a.detach().to("cpu", torch.float64).numpy()
+    b = np.full(m, 1.0 / m) if b is None else b.detach().to("cpu", torch.float64).numpy()
+    if a.shape != (n,) or b.shape != (m,):
+        raise ValueError(f"weights must be [{n}] and [{m}]; got {tuple(a.shape)} and {tuple(b.shape)}")
+    if (a < 0).any() or (b < 0).any() or abs(float(a.sum()) - 1) > 1e-6 or abs(float(b.sum()) - 1) > 1e-6:
+        raise ValueError("weights must be non-negative and sum to 1")
+    costs = cost.detach().to("cpu", torch.float64).numpy()
+    value, log = ot.emd2(a, b, costs, numItermax=int(max_iter), log=True)
     if log.get("warning"):
-        raise RuntimeError(f"wasserstein2: POT did not converge: {log['warning']}")
+        raise RuntimeError(f"wasserstein2: POT's network simplex did not solve the transport problem: "
+                           f"{log['warning']}")
     return float(np.sqrt(max(value, 0.0)))
 
 
