@@ -840,3 +840,16 @@ def test_a_field_for_another_architecture_is_refused():
     wide = MLPSpec((5, 12, 4), activation="sine", frequency=10.0)
     moved = WeightFlow(EuclideanChart(sine), gnn_field(sine, dim=4, n_layers=1)).with_spec(wide)
     assert moved.chart.spec == moved.field.spec == wide
+
+
+def test_docstrings_point_to_the_chapters_instead_of_quoting_results():
+    """A docstring says what a thing is and which chapter measures it: a measured number in a docstring is
+    never rerun and goes stale (the measurements live in the chapters and docs/tuning-log.md)."""
+    import inspect
+    import re
+
+    measured = re.compile(r"\d+\.\d+|\b\d{1,3}(?:,\d{3})+\b|\b\d+ (?:nats|against|to) \d+")
+    for obj, chapter in ((FlatField, "Chapter 8c"), (NeuronField, "Chapter 8b"), (WeightFlow, "chapter 7")):
+        doc = re.sub(r"``[^`]*``|Table \d+\.\d+", "", inspect.getdoc(obj))   # settings in code markup; tables
+        assert not measured.search(doc), (obj.__name__, measured.search(doc).group())
+        assert chapter in doc, obj.__name__

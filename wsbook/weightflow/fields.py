@@ -143,10 +143,9 @@ class FlatField(TimeMLP):
     With ``diagonal=True`` the field adds a per-weight linear term ``(a + b t) * x`` (``a``, ``b`` learned,
     zero at the start). An MLP narrower than the weight vector (``hidden < D``) cannot represent a
     full-rank linear map of ``x``, so it cannot contract every weight by its own factor, which is what
-    turns a broad source into a posterior whose constrained directions are narrow (breast cancer, reverse
-    KL on the posterior: the term takes the reverse KL from about 254 to 159 nats in the same 3,000 steps,
-    below mean-field VI's 184; :func:`wsbook.experiments.posterior_flows.posterior_flow_kl`).
-    :meth:`with_diagonal` adds the term to a trained field.
+    turns a broad source into a posterior whose constrained directions are narrow. Chapter 8c trains its
+    reverse-KL posterior flow with the term (:func:`wsbook.experiments.posterior_flows.posterior_flow_kl`)
+    and compares it with mean-field VI. :meth:`with_diagonal` adds the term to a trained field.
     """
 
     def __init__(self, spec: MLPSpec, hidden: int = 256, depth: int = 3, diagonal: bool = False):
@@ -200,8 +199,8 @@ class NeuronField(_Anchored, nn.Module):
     ``attention_layers > 0`` the neurons' encodings pass through self-attention layers without positions
     (a Set Transformer-style encoder, still equivariant), so that neurons can divide the work between
     them. Unlike the message-passing GNN, which sees each weight through small edge features, the encoder
-    reads a neuron's input weights at once: on MNIST 784-10-10 it learns at CPU budgets where an unanchored
-    GNN stays at chance, and it transfers to 784-32-10 (chapter 8, Table 7.4).
+    reads a neuron's input weights at once. Chapter 8b compares it with the unanchored GNN on MNIST
+    784-10-10 and measures its transfer to 784-32-10 (Table 7.4).
 
     Args:
         spec: an MLP with exactly one hidden layer and biases.

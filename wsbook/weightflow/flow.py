@@ -104,8 +104,8 @@ class WeightFlow:
             (the conditional expectation of the velocity, coordinate by coordinate); they differ in where a
             field of finite size spends its capacity. On canonical charts the hidden neurons' unit-norm rows
             have coordinates of about ``1/sqrt(fan_in)`` while the last layer absorbs their norms, so the
-            chart's metric lets the last layer dominate the loss (MNIST 784-10-10: 0.036 against 4.7), and
-            the first layer, which decides what a network computes, is barely fitted.
+            chart's metric lets the last layer dominate the loss, and the first layer, which decides what a
+            network computes, is barely fitted (chapter 7 compares the layers' scales).
     """
 
     def __init__(self, chart: Chart, field: nn.Module, *, parametrization: str = "velocity",
