@@ -842,6 +842,25 @@ def test_a_field_for_another_architecture_is_refused():
     assert moved.chart.spec == moved.field.spec == wide
 
 
+def test_time_embedding_width_is_one_constant(monkeypatch):
+    """Every field reads the time through ``fields.TIME_FEATURES`` features: 17 (the width trained fields were
+    saved with), and with another value every field still builds and runs, so no layer hard-codes it."""
+    from wsbook.flows import time_features
+    from wsbook.weightflow import fields
+
+    assert fields.TIME_FEATURES == 17
+    assert time_features(torch.zeros(3), fields.TIME_FEATURES - 1, 3).shape == (3, fields.TIME_FEATURES)
+    monkeypatch.setattr(fields, "TIME_FEATURES", 9)
+    one_hidden = MLPSpec((4, 5, 2))
+    built = [gnn_field(SPEC, dim=8, n_layers=1), NeuronField(one_hidden, hidden=8, depth=1, attention_layers=1),
+             NeuronGraphField(SPEC, hidden=8, edge_dim=4, rounds=1)]
+    for field in built:
+        x = torch.randn(3, field.spec.n_params, generator=gen(1))
+        assert field(torch.rand(3, generator=gen(2)), x).shape == x.shape
+    gnn, neuron, graph = built
+    assert gnn.skip.net[0].in_features == neuron.time.in_features == graph.time.in_features == 9
+
+
 def test_docstrings_point_to_the_chapters_instead_of_quoting_results():
     """A docstring says what a thing is and which chapter measures it: a measured number in a docstring is
     never rerun and goes stale (the measurements live in the chapters and docs/tuning-log.md)."""

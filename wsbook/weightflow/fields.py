@@ -24,6 +24,10 @@ from wsbook.flows.models import TimeMLP, time_features
 from wsbook.graphs import WeightSpaceField
 from wsbook.nets import MLPSpec
 
+#: Width of the fields' time embedding: ``t`` itself and ``TIME_FEATURES - 1`` sinusoids of it
+#: (:func:`wsbook.flows.time_features`).
+TIME_FEATURES = 17
+
 
 def _times(t: Tensor | float, x: Tensor) -> Tensor:
     t = torch.as_tensor(t, dtype=x.dtype, device=x.device)
@@ -39,12 +43,12 @@ class _Skip(nn.Module):
 
     def __init__(self, n_layers: int, dim: int):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(17, dim), nn.SiLU(), nn.Linear(dim, n_layers))
+        self.net = nn.Sequential(nn.Linear(TIME_FEATURES, dim), nn.SiLU(), nn.Linear(dim, n_layers))
         nn.init.zeros_(self.net[-1].weight)
         nn.init.zeros_(self.net[-1].bias)
 
     def forward(self, t: Tensor, x: Tensor, layer_of: Tensor) -> Tensor:
-        c = self.net(time_features(t, 16, x.shape[0]).to(x))                          # [B, n_layers]
+        c = self.net(time_features(t, TIME_FEATURES - 1, x.shape[0]).to(x))             # [B, n_layers]
         return c[:, layer_of] * x
 
 
@@ -229,23 +233,25 @@ class NeuronField(_Anchored, nn.Module):
         self.enc = nn.Sequential(nn.Linear(size * (2 if anchored else 1), hidden), nn.SiLU(), nn.Linear(hidden, hidden))
         # self-attention among the neurons (no positions: equivariant), so that neurons can divide the work;
         # they read the time through their encodings (without attention it enters through the context only)
-        self.time = nn.Linear(17, hidden) if attention_layers else None
+        self.time = nn.Linear(TIME_FEATURES, hidden) if attention_layers else None
         self.mix = nn.ModuleList(nn.TransformerEncoderLayer(hidden, heads, 2 * hidden, dropout=0.0, activation="gelu",
                                                             batch_first=True, norm_first=True)
                                  for _ in range(attention_layers))
-        self.ctx = nn.Sequential(nn.Linear(hidden + n_out + 17, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
+        self.ctx = nn.Sequential(nn.Linear(hidden + n_out + TIME_FEATURES, hidden), nn.SiLU(),
+                                 nn.Linear(hidden, hidden))
         layers: list[nn.Module] = []
         for _ in range(depth):
             layers += [nn.SiLU(), nn.Linear(hidden, hidden)]
         self.dec = nn.Sequential(*layers, nn.SiLU(), nn.Linear(hidden, size))
-        self.head = nn.Sequential(nn.Linear(hidden + n_out + 17, hidden), nn.SiLU(), nn.Linear(hidden, n_out))
+        self.head = nn.Sequential(nn.Linear(hidden + n_out + TIME_FEATURES, hidden), nn.SiLU(),
+                                  nn.Linear(hidden, n_out))
         self.linear = nn.Parameter(torch.zeros(2, size))
 
     def forward(self, t: Tensor | float, x: Tensor) -> Tensor:
         x = self.spec.check(x, "x")
         t = _times(t, x)
         u, b2 = self._neurons(x)                                                     # [B, H, in + 1 + out]
-        tf = time_features(t, 16, x.shape[0]).to(x)
+        tf = time_features(t, TIME_FEATURES - 1, x.shape[0]).to(x)
         h = self.enc(torch.cat([u, self._neurons(self.anchor)[0].expand_as(u)], -1) if self.anchored else u)
         if self.time is not None:
             h = h + self.time(tf)[:, None]
@@ -343,7 +349,7 @@ class NeuronGraphField(_Anchored, nn.Module):
         c = 2 if anchored else 1
         if anchored:
             self.register_buffer("anchor", torch.zeros(1, spec.n_params))
-        summary = n_hidden * hidden + n_out + 17
+        summary = n_hidden * hidden + n_out + TIME_FEATURES
 
         def per_edge_set(make):
             return nn.ModuleList(make() for _ in range(n_hidden - 1))
@@ -353,7 +359,7 @@ class NeuronGraphField(_Anchored, nn.Module):
 
         self.enc = nn.ModuleList(_mlp(c * k, hidden, hidden) for k in sizes)
         self.edge_enc = per_edge_set(lambda: _mlp(c, edge_dim, edge_dim))
-        self.time = nn.Linear(17, hidden)
+        self.time = nn.Linear(TIME_FEATURES, hidden)
         self.msg = per_round(lambda: per_edge_set(lambda: _mlp(edge_dim, edge_dim, edge_dim)))
         self.dst = per_round(lambda: per_edge_set(lambda: nn.Linear(hidden, edge_dim)))
         self.src = per_round(lambda: per_edge_set(lambda: nn.Linear(hidden, edge_dim)))
@@ -386,7 +392,7 @@ class NeuronGraphField(_Anchored, nn.Module):
     def forward(self, t: Tensor | float, x: Tensor) -> Tensor:
         x = self.spec.check(x, "x")
         t = _times(t, x)
-        tf = time_features(t, 16, x.shape[0]).to(x)
+        tf = time_features(t, TIME_FEATURES - 1, x.shape[0]).to(x)
         nodes, edges, b_out = self._parts(x)
         if self.anchored:
             a_nodes, a_edges, _ = self._parts(self.anchor)
