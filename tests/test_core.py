@@ -298,6 +298,51 @@ def test_moving_a_cached_function_keeps_its_entries():
         cache._REGISTRY["test/probe"] = f"{_probe.__module__}.{_probe.__qualname__}"
 
 
+strict_calls = []
+
+
+@cache.cached("test/strict/trained", version=1)
+def _strict_trained(n: int):
+    strict_calls.append(("trained", n))
+    return torch.full((n,), float(n))
+
+
+@cache.cached("test/loose", version=1)
+def _loose(n: int):
+    strict_calls.append(("loose", n))
+    return torch.zeros(n)
+
+
+def test_strict_mode_reads_entries_and_refuses_to_compute_them(monkeypatch):
+    """WSBOOK_CACHE_STRICT: a cached function under one of its prefixes loads a present entry and raises a
+    clear error naming a missing one instead of computing it; other names compute as usual."""
+    strict_calls.clear()
+    _strict_trained(2)                                      # computed before strict mode: a hit below
+    monkeypatch.setenv("WSBOOK_CACHE_STRICT", " other/, test/strict/ ,")
+    assert cache.strict_prefixes() == ("other/", "test/strict/")
+    assert cache.is_strict("test/strict/trained") and not cache.is_strict("test/loose")
+    assert torch.equal(_strict_trained(2), torch.full((2,), 2.0))
+    with pytest.raises(cache.StrictMiss) as err:
+        _strict_trained(3)
+    message = str(err.value)
+    assert "test/strict/trained" in message and _strict_trained.cache_path(3).name in message
+    assert "WSBOOK_CACHE_STRICT" in message and "python -m wsbook" in message and '"n": 3' in message
+    assert isinstance(err.value, cache.MissingEntry)       # what `python -m wsbook --list` catches
+    assert not _strict_trained.cache_path(3).exists()
+    _loose(3)                                               # not under a strict prefix: computed
+    assert strict_calls == [("trained", 2), ("loose", 3)]
+    with cache.probe(), pytest.raises(cache.MissingEntry):  # probing still answers as before
+        _strict_trained(4)
+    monkeypatch.setenv("WSBOOK_CACHE", "off")               # no cache: nothing to read, still no computing
+    with pytest.raises(cache.StrictMiss, match="the cache is off"):
+        _strict_trained(2)
+    monkeypatch.delenv("WSBOOK_CACHE")
+    monkeypatch.setenv("WSBOOK_CACHE_STRICT", " , ")
+    assert cache.strict_prefixes() == ()
+    _strict_trained(3)
+    assert strict_calls[-1] == ("trained", 3)
+
+
 def test_entries_under_an_old_name_are_carried_over():
     # an entry as the module-path keys stored it (same arguments, scale and version)
     probe_calls.clear()

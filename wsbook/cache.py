@@ -10,6 +10,11 @@ A corrupt or mismatched entry is recomputed with a warning. The directory is ``W
 Several processes may share one directory (the book builds its chapters two at a time): a process that
 is about to compute an entry holds an exclusive lock on ``.<entry>.lock`` meanwhile, and another process
 that needs the same entry waits for it and then reads it instead of computing it a second time.
+
+Strict mode: ``WSBOOK_CACHE_STRICT`` holds comma-separated prefixes of artifact names (``flows/``); a cached
+function whose name starts with one of them reads its entry as always, but where the entry is missing it
+raises :class:`StrictMiss` (naming the entry) instead of computing it. The chapters run that way in the
+tests, after ``python -m wsbook``, so a training the command line does not precompute fails loudly.
 """
 from __future__ import annotations
 
@@ -39,6 +44,25 @@ _PROBING = False                 # inside probe(): a missing entry raises Missin
 
 class MissingEntry(LookupError):
     """Raised inside :func:`probe` by a cached function whose entry is not in the cache."""
+
+
+class StrictMiss(MissingEntry):
+    """Raised in strict mode (``WSBOOK_CACHE_STRICT``, :func:`strict_prefixes`) by a cached function whose
+    name matches a strict prefix and whose entry is not in the cache: it would have been computed."""
+
+
+STRICT_ENV = "WSBOOK_CACHE_STRICT"
+
+
+def strict_prefixes() -> tuple[str, ...]:
+    """The artifact-name prefixes of ``WSBOOK_CACHE_STRICT`` (comma-separated; blanks ignored): cached
+    functions whose name starts with one of them never compute, a missing entry raises :class:`StrictMiss`."""
+    return tuple(p.strip() for p in os.environ.get(STRICT_ENV, "").split(",") if p.strip())
+
+
+def is_strict(name: str) -> bool:
+    """Whether the artifact ``name`` is under strict mode now (see :func:`strict_prefixes`)."""
+    return any(name.startswith(p) for p in strict_prefixes())
 
 
 @contextlib.contextmanager
@@ -204,13 +228,17 @@ def rename_entries(old_name: str, new_name: str) -> int:
     return moved
 
 
+def _lock_path(key: str, name: str) -> Path:
+    entry = _path(key, name)
+    return entry.with_name(f".{entry.stem}.lock")
+
+
 @contextlib.contextmanager
 def computing(key: str, name: str) -> Iterator[None]:
     """Hold the entry's lock file (``.<entry>.lock``, exclusive, blocking) while it is computed, so that
     processes sharing the cache compute each entry once. Cached functions that call one another take
     their locks in the order of their dependencies, which cannot form a cycle."""
-    entry = _path(key, name)
-    lock = entry.with_name(f".{entry.stem}.lock")       # hidden, like the temporary files; never deleted
+    lock = _lock_path(key, name)                         # hidden, like the temporary files; never deleted
     # (removing a lock file another process may be waiting on would let a third compute alongside)
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a") as fh:
@@ -233,6 +261,26 @@ def _to_device(value: Any, device: torch.device) -> Any:
     return value
 
 
+def _strict_load(key: str, name: str, description: dict[str, Any]) -> Any:
+    """Strict mode's lookup: the entry's value, or :class:`StrictMiss`. A missing entry is looked for once
+    more after waiting for its lock, in case another (non-strict) process sharing the cache is writing it."""
+    path = _path(key, name)
+    if enabled():
+        hit, value = load_entry(key, name, description)
+        if not hit and not path.exists() and _lock_path(key, name).exists():
+            with computing(key, name):
+                hit, value = load_entry(key, name, description)
+        if hit:
+            return _to_device(value, config.device())
+    args = json.dumps(description["args"], sort_keys=True)
+    raise StrictMiss(
+        f"wsbook cache: strict mode ({STRICT_ENV}={os.environ.get(STRICT_ENV, '')}) forbids computing {name} "
+        f"(scale {description['scale']}, version {description['version']}): entry {path} is "
+        f"{'missing' if not path.exists() else 'unreadable'}" + ("" if enabled() else " (the cache is off)")
+        + f"; arguments {args[:600]}{' ...' if len(args) > 600 else ''}. Precompute it with `python -m wsbook` "
+        "(wsbook/cli.py registers what the chapters compute) or unset " + STRICT_ENV)
+
+
 def cached(name: str, version: int | str = 1) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: cache a function's result under an explicit artifact ``name``, its bound arguments, the
     scale and ``version``.
@@ -245,7 +293,8 @@ def cached(name: str, version: int | str = 1) -> Callable[[Callable[..., Any]], 
 
     Under ``torchrun`` (:mod:`wsbook.distributed`) every rank runs the function (which splits its work
     over the ranks where it can), all ranks load only when every one of them finds the entry, and rank 0
-    alone writes it. Results come back on the configured device. The wrapper has ``cache_path(*args, **kwargs)`` (the
+    alone writes it. Results come back on the configured device. In strict mode (:func:`is_strict`) a
+    missing entry raises :class:`StrictMiss` instead of computing. The wrapper has ``cache_path(*args, **kwargs)`` (the
     entry's file) and ``cache_name``.
     """
     if not isinstance(name, str) or not _NAME.fullmatch(name):
@@ -272,6 +321,8 @@ def cached(name: str, version: int | str = 1) -> Callable[[Callable[..., Any]], 
                 if not hit:
                     raise MissingEntry(f"{name}: {_path(key, name).name}")
                 return value
+            if is_strict(name):
+                return _strict_load(key, name, description)
             existed = _path(key, name).exists()
             if enabled():
                 hit, value = load_entry(key, name, description)
