@@ -5,8 +5,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from wsbook import cli
+from wsbook import cache, cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,3 +88,41 @@ def test_full_mnist_zoo_is_listed_and_needs_its_files(env, capsys, monkeypatch):
     assert cli.select(["zoos"], registry, skipped) == ["zoo/breast_cancer", "zoo/mnist5k", "zoo/mnist5k_w32"]
     assert list(skipped) == ["zoo/mnist"] and "t10k-images-idx3-ubyte" in skipped["zoo/mnist"]
     assert not list((env / "cache").rglob("*.pt"))
+
+
+cheap_calls = []
+
+
+@cache.cached("test/cli_cheap", version=1)
+def _cheap(n: int):
+    cheap_calls.append(n)
+    return torch.arange(n)
+
+
+def test_command_line_computes_under_strict_mode_and_puts_it_back(env, capsys, monkeypatch):
+    """WSBOOK_CACHE_STRICT is for the chapters' test: the command line, whose job is computing, ignores it
+    (and computes with the chapters' deterministic kernels), then leaves both as they were."""
+    monkeypatch.setattr(cli, "artifacts", lambda: {"test/cheap": cli.Artifact("test/cheap", "a cheap artifact",
+                                                                             lambda: _cheap(3))})
+    monkeypatch.setenv("WSBOOK_CACHE_STRICT", "test/")
+    cheap_calls.clear()
+    with pytest.raises(cache.StrictMiss):
+        _cheap(3)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    assert cli.main(["test/cheap"]) == 0
+    assert "1 computed" in capsys.readouterr().out and cheap_calls == [3]
+    assert os.environ["WSBOOK_CACHE_STRICT"] == "test/"
+    assert torch.are_deterministic_algorithms_enabled() == deterministic
+    assert torch.equal(_cheap(3), torch.arange(3)) and cheap_calls == [3], "strict mode reads what it computed"
+
+
+def test_chapter_groups_name_the_results_chapters_flows(env):
+    """Every artifact that precomputes a flow of chapters 8, 8b and 8c is in its chapter's group."""
+    registry = cli.artifacts()
+    chosen = {g: set(cli.select([g], registry)) for g in ("chapter/08", "chapter/08b", "chapter/08c", "chapter/09")}
+    assert {n for n in registry if n.startswith(("flow/", "verdict/")) and "mnist" not in n
+            and "posterior" not in n} <= chosen["chapter/08"]
+    assert {"verdict/mnist5k", "flow/mnist/guidance", "flow/mnist/width_transfer", "flow/mnist/second_task",
+            "flow/mnist/field_size", "flow/mnist/plain_baseline"} <= chosen["chapter/08b"]
+    assert {n for n in registry if n.startswith("flow/posterior/")} <= chosen["chapter/08c"]
+    assert chosen["chapter/09"] <= set.union(*(chosen[g] for g in ("chapter/08", "chapter/08b", "chapter/08c")))

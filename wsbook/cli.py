@@ -15,11 +15,18 @@ Errors (an unknown artifact or scale, a cache directory that cannot be written, 
 data is not on disk) are one line on stderr and a non-zero exit code. The optional artifacts (``zoo/mnist``:
 the full MNIST from ``WSBOOK_MNIST_DIR``; nothing is downloaded) are listed always, computed when named,
 and left out of groups and patterns, with a note, while their data is missing.
+
+The registry holds every flow the results chapters (8, 8b, 8c, 9) train or sample, with their arguments:
+after ``python -m wsbook chapter/08 chapter/08b chapter/08c`` (or ``all``) they load every ``flows/...``
+entry, which ``make test`` checks by running them under ``WSBOOK_CACHE_STRICT=flows/``
+(:mod:`wsbook.cache`). The command line itself ignores that variable, and computes as the chapters do
+(torch's deterministic CPU kernels; chapters 8b and 8c's artifacts on one CPU thread).
 """
 from __future__ import annotations
 
 import argparse
 import fnmatch
+import inspect
 import os
 import sys
 import tempfile
@@ -49,6 +56,153 @@ class Artifact:
     help: str
     compute: Callable[[], Any]
     missing: Callable[[], str | None] = lambda: None
+
+
+# ------------------------------------------------------------------ what the results chapters compute
+# Chapters 8, 8b, 8c and 9 call the cached functions of wsbook.experiments, some with arguments of their own
+# (a size set in a cell, a generator's draws). The functions below make the same calls with the same
+# arguments, so that after `python -m wsbook all` those chapters train and sample no flow; tests/gates.py
+# checks it (WSBOOK_STRICT_CHAPTERS=1 runs them with WSBOOK_CACHE_STRICT=flows/ after the command line).
+# A value copied from a chapter says which cell it mirrors: when the chapter changes it, that gate fails
+# until it is changed here too.
+BC = "breast_cancer"
+
+
+def _default(fn: Callable[..., Any], parameter: str) -> Any:
+    """The default of ``fn``'s ``parameter`` (the chapters rely on it, so the command line reads it too)."""
+    return inspect.signature(fn).parameters[parameter].default
+
+
+def _one_thread(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` run on one torch thread on the CPU, as chapters 8b and 8c run (their first cell sets one; a
+    training's numbers depend on it), the thread count restored afterwards; on a GPU ``fn`` unchanged."""
+    def run():
+        import torch
+
+        if config.device().type != "cpu":
+            return fn()
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn()
+        finally:
+            torch.set_num_threads(before)
+    return run
+
+
+def _bc_sample_seeds() -> tuple[int, ...]:
+    from wsbook.experiments import flows
+
+    return tuple(_default(flows.score_draws, "sample_seeds"))
+
+
+def bc_more_draws() -> None:
+    """Chapter 8's further draws of the extended graph-network flow and of the headline neuron flow
+    (``flows.score_draws`` with its default sample seeds, at the table's size and solver steps)."""
+    from wsbook.experiments import flows, summary
+
+    n_gen, steps = summary.breast_cancer_sizes()
+    configs = flows.breast_cancer_candidates()
+    long = f"{flows.flow_config('euclidean', 'aligned_ot').name}, extended"      # chapter 8's LONG
+    for label in (long, flows.neuron_config().name):                             # ... and NEURON
+        for k in _bc_sample_seeds():
+            flows.sample_flow(BC, configs[label], n_gen, steps=steps, sample_seed=k)
+
+
+def bc_source_scale() -> None:
+    """Chapter 8's source-scale table: the plain baseline and the headline neuron flow at the table's
+    Euclidean source scale and at narrower ones, each trained and drawn over ``score_draws``' seeds."""
+    from wsbook.experiments import flows, summary
+
+    n_gen, steps = summary.breast_cancer_sizes()
+    configs = flows.breast_cancer_candidates()
+    neuron = flows.neuron_config().name
+    table_sigma = flows.train_flow(BC, configs[neuron]).flow.chart.sigma
+    scales = config.by_scale(ci=(0.05,), default=(0.03, 0.05), full=(0.03, 0.05))   # chapter 8's `scales`
+    make = {"plain baseline": flows.baseline_config, neuron: flows.neuron_config}
+    for label in make:
+        cfgs = {table_sigma: configs[label]}
+        cfgs.update({s: make[label](sigma=s) for s in scales})
+        for cfg in cfgs.values():
+            for k in _bc_sample_seeds():
+                flows.sample_flow(BC, cfg, n_gen, steps=steps, sample_seed=k)
+
+
+def bc_steps_curve() -> None:
+    """Chapter 8's solver-steps figure: the three aligned + OT neuron flows and the plain baseline against
+    Euler steps, without and with guidance (``flows.steps_curve``), beside Adam (``flows.adam_curve``)."""
+    from wsbook.experiments import flows
+
+    steps_list = config.by_scale(ci=(2, 8), default=(8, 32, 128), full=(8, 64, 128, 256, 512))  # chapter 8's
+    n_steps_nets = config.by_scale(ci=16, default=32, full=64)                                  # ... sizes
+    configs = flows.breast_cancer_candidates()
+    for name in [flows.neuron_config(c).name for c in flows.CHARTS] + ["plain baseline"]:
+        flows.steps_curve(BC, configs[name], steps_list, n_steps_nets, guidance=(0.0, 1.0))
+    flows.adam_curve(BC, steps_list, n_steps_nets)
+
+
+def bc_flow_artifact(label: str) -> str:
+    """The artifact of the breast-cancer candidate flow ``label`` (``flow/breast_cancer/plain_baseline``)."""
+    return "flow/breast_cancer/" + label.replace(", ", "_").replace(" ", "_")
+
+
+def mnist_best() -> str:
+    """The recipe chapter 8b calls best: the most accurate on the data's validation split."""
+    from wsbook.experiments import mnist_flows as mf
+
+    return max(mf.budget().recipes, key=mf.validation_accuracy)
+
+
+def _mnist_chapter_draws():
+    """Chapter 8b's generator (``setup_chapter(seed=0)``'s) after its first draw, the target networks'
+    rows ``pick``: ``(split, pick, generator)``."""
+    import torch
+
+    from wsbook.experiments import mnist_flows as mf
+
+    split = mf.split()
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    pick = torch.randperm(len(split.train), generator=generator)[:mf.budget().n_samples]
+    return split, pick, generator
+
+
+def mnist_guidance() -> None:
+    """Chapter 8b's guided samples of the best recipe: every weight of the budget's grid
+    (``mf.guidance_by_validation``) and the chosen one."""
+    from wsbook.experiments import mnist_flows as mf
+
+    split, pick, _ = _mnist_chapter_draws()
+    best = mnist_best()
+    choice = mf.guidance_by_validation(best, split.train.theta[pick])
+    mf.sample_flow(best, guided="mnist", weight=choice["chosen"])
+
+
+def mnist_second_task() -> None:
+    """Chapter 8b's second task (permuted MNIST): the best recipe's plain and guided samples, SGD from
+    ``N(0, 0.1^2)`` for the guidance's and the zoo's steps (``mf.trained_networks``), and SGD from every
+    starting set of its initialisation figure (``mf.init_curves``, the same starting networks)."""
+    import torch
+
+    import wsbook.symmetry
+    from wsbook.experiments import mnist_flows as mf, targets
+
+    b = mf.budget()
+    split, pick, generator = _mnist_chapter_draws()
+    spec, best, n2 = split.spec, mnist_best(), b.n_wide
+    perm = mf.permuted_mnist()
+    zoo = targets.ZOOS[mf.ZOO]
+    zoo_steps = zoo.epochs * (perm.x_train.shape[0] // zoo.batch_size)
+    plain2, _ = mf.sample_flow(best, n=n2)
+    guided2, _ = mf.sample_flow(best, n=n2, guided="permuted")
+    for steps in (b.guidance_steps, zoo_steps):
+        mf.trained_networks("permuted", spec.widths, n2, steps)
+    zoo_scale = [t.mean() for t in wsbook.symmetry.neuron_norms(spec, split.train.theta)]
+    starts = {"flow samples": plain2,
+              "flow samples at the zoo's neuron scale": wsbook.symmetry.rescale_neurons(spec, plain2, zoo_scale),
+              "guided flow samples": guided2,
+              "MNIST zoo checkpoints": split.train.theta[pick[:n2]],
+              "N(0, 0.1^2)": torch.randn(n2, spec.n_params, generator=generator) * zoo.init_std}
+    mf.init_curves(starts, task="permuted")
 
 
 def artifacts() -> dict[str, Artifact]:
@@ -82,40 +236,81 @@ def artifacts() -> dict[str, Artifact]:
         return run
 
     for label, cfg in flows.breast_cancer_candidates().items():
-        slug = label.replace(", ", "_").replace(" ", "_")
-        out.append(Artifact(f"flow/breast_cancer/{slug}", f"flow {label} on the breast-cancer zoo and its samples "
+        out.append(Artifact(bc_flow_artifact(label), f"flow {label} on the breast-cancer zoo and its samples "
                             "(chapters 8, 9)", bc_flow(lambda label=label: flows.breast_cancer_candidates()[label])))
+    out.append(Artifact("flow/breast_cancer/more_draws", "further draws of the extended graph-network flow and "
+                        "the headline neuron flow (chapter 8)", bc_more_draws))
+    out.append(Artifact("flow/breast_cancer/source_scale", "the plain baseline and the headline neuron flow at "
+                        "narrower source scales, trained and drawn (chapter 8)", bc_source_scale))
+    out.append(Artifact("flow/breast_cancer/steps_curve", "samples against solver steps and guidance, and Adam "
+                        "runs as long (chapter 8)", bc_steps_curve))
     out.append(Artifact("verdict/breast_cancer", "the flow chosen on validation runs and the plain baseline, "
                         f"trained with seeds {flows.SEEDS} and sampled (chapter 8's test verdict)",
                         lambda: flows.verdict_table("breast_cancer", flows.breast_cancer_candidates(),
                                                     *summary.breast_cancer_sizes())))
     for recipe in mf.RECIPES:
         out.append(Artifact(f"flow/mnist/{recipe}", f"flow {recipe} on the MNIST zoo and its samples (chapter 8b)",
-                            lambda recipe=recipe: (mf.train_flow(recipe), mf.sample_flow(recipe))))
+                            _one_thread(lambda recipe=recipe: (mf.train_flow(recipe), mf.sample_flow(recipe)))))
     out.append(Artifact("verdict/mnist5k", "the MNIST flow chosen on validation data and the plain baseline, trained "
-                        f"with seeds {flows.SEEDS} and sampled (chapter 8b's test verdict)", mf.verdict_table))
+                        f"with seeds {flows.SEEDS} and sampled (chapter 8b's test verdict)",
+                        _one_thread(mf.verdict_table)))
+    out.append(Artifact("flow/mnist/guidance", "the best MNIST flow's samples guided by the task loss, every weight "
+                        "the validation split chooses from (chapter 8b)", _one_thread(mnist_guidance)))
+    out.append(Artifact("flow/mnist/width_transfer", "784-32-10 samples of the flows trained on 784-10-10 networks "
+                        "(chapters 8b, 9)", _one_thread(mf.width_transfer)))
+    out.append(Artifact("flow/mnist/second_task", "the best MNIST flow on permuted MNIST: plain and guided samples, "
+                        "SGD runs from them and from the other starts (chapter 8b)", _one_thread(mnist_second_task)))
+    out.append(Artifact("flow/mnist/field_size", "geometric_aligned_ot with GNN fields of several widths, trained "
+                        "and sampled (chapter 8b)", _one_thread(lambda: mf.field_size_sweep("geometric_aligned_ot"))))
     for chart in pf.CHARTS:
         out.append(Artifact(f"flow/posterior/{chart}", f"{chart} flow on the HMC draws of breast cancer (chapter 8c)",
-                            lambda chart=chart: pf.posterior_flow("breast_cancer", chart)))
+                            _one_thread(lambda chart=chart: pf.posterior_flow(BC, chart))))
+    out.append(Artifact("flow/posterior/reverse_kl", "the Euclidean posterior flow trained further on the "
+                        "breast-cancer posterior by reverse KL (chapters 8c, 9)",
+                        _one_thread(lambda: pf.posterior_flow_kl(BC))))
+    out.append(Artifact("flow/posterior/joint", "the posterior flow trained on HMC draws and the posterior density "
+                        "together (chapters 8c, 9)", _one_thread(lambda: pf.posterior_flow_joint(BC))))
+    out.append(Artifact("flow/posterior/importance", "importance weights of the three Euclidean posterior flows' "
+                        "samples, and the ELBOs (chapters 8c, 9)",
+                        _one_thread(lambda: [pf.elbos(BC), *(pf.importance_sampling(BC, proposal=p)
+                                                             for p in pf.PROPOSALS)])))
+    out.append(Artifact("flow/posterior/detection", "the posterior flows' log-likelihoods of the detection sets "
+                        "(chapter 8c)", _one_thread(lambda: pf.detection_table(BC))))
+    out.append(Artifact("flow/posterior/mnist5k_cost", "chapter 8c's MNIST cost: the Euclidean posterior flow on "
+                        "MNIST's HMC draws, trained only where that run has converged (else nothing)",
+                        _one_thread(lambda: pf.task_cost("mnist5k", tasks.posterior_sample_size()))))
     return {a.name: a for a in out}
 
 
 def groups() -> dict[str, Callable[[], list[str]]]:
     """Named groups of artifacts (evaluated at the current scale: chapter 8b's recipes depend on it)."""
-    from wsbook.experiments import mnist_flows as mf
+    from wsbook.experiments import flows, mnist_flows as mf, targets
+
+    def zoos() -> list[str]:
+        return [f"zoo/{z}" for z in targets.ZOOS]
+
+    def mnist_flows() -> list[str]:
+        return [f"flow/mnist/{r}" for r in (*mf.budget().recipes, "plain_baseline")]
 
     return {
         "all": lambda: ["*"],
         "zoos": lambda: ["zoo/*"],
         "hmc": lambda: ["hmc/*"],
         "flows": lambda: ["flow/*"],
-        "chapter/08": lambda: ["zoo/breast_cancer", "hmc/breast_cancer/*", "posterior/breast_cancer/*",
+        # chapter 8 reads every zoo and both HMC runs of both tasks
+        "chapter/08": lambda: [*zoos(), "hmc/*", "posterior/breast_cancer/*",
                                "flow/breast_cancer/*", "verdict/breast_cancer"],
-        "chapter/08b": lambda: ["zoo/mnist5k", "zoo/mnist5k_w32",
-                                *[f"flow/mnist/{r}" for r in (*mf.budget().recipes, "plain_baseline")],
-                                "verdict/mnist5k"],
-        "chapter/08c": lambda: ["hmc/breast_cancer/*", "hmc/mnist5k/0", "posterior/breast_cancer/*",
-                                "flow/posterior/*"],
+        "chapter/08b": lambda: ["zoo/mnist5k", "zoo/mnist5k_w32", *mnist_flows(), "verdict/mnist5k",
+                                "flow/mnist/guidance", "flow/mnist/width_transfer", "flow/mnist/second_task",
+                                "flow/mnist/field_size"],
+        "chapter/08c": lambda: ["zoo/breast_cancer", "hmc/breast_cancer/*", "hmc/mnist5k/0",
+                                "posterior/breast_cancer/*", "flow/posterior/*"],
+        # the discussion quotes chapters 8, 8b and 8c
+        "chapter/09": lambda: [*zoos(), "hmc/breast_cancer/*", "hmc/mnist5k/0", "posterior/breast_cancer/*",
+                               *map(bc_flow_artifact, flows.breast_cancer_candidates()), "verdict/breast_cancer",
+                               *mnist_flows(), "verdict/mnist5k", "flow/mnist/width_transfer",
+                               *(f"flow/posterior/{p}" for p in ("euclidean", "geometric", "reverse_kl", "joint",
+                                                                 "importance", "mnist5k_cost"))],
     }
 
 
@@ -239,6 +434,25 @@ def compute(names: list[str], registry: dict[str, Artifact], out=None) -> list[d
     return rows
 
 
+@contextmanager
+def as_chapters() -> Iterator[None]:
+    """Compute as the chapters do (:func:`wsbook.experiments.setup_chapter`): torch's deterministic CPU
+    kernels (:func:`wsbook.config.deterministic_kernels`), so an artifact holds the numbers a chapter would
+    have computed; and without strict mode (``WSBOOK_CACHE_STRICT``, meant for the chapters' test), since
+    computing is the command line's job. Both are put back afterwards."""
+    import torch
+
+    strict = os.environ.pop(cache.STRICT_ENV, None)
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    config.deterministic_kernels()
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        if strict is not None:
+            os.environ[cache.STRICT_ENV] = strict
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:      # one line, not the usage block
         raise CLIError(message)
@@ -247,7 +461,7 @@ class _Parser(argparse.ArgumentParser):
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m wsbook", description="Compute and cache the artifacts the chapters read.")
     p.add_argument("artifacts", nargs="*", help="artifact names, group names (all, zoos, hmc, flows, chapter/08, "
-                   "chapter/08b, chapter/08c) or shell patterns ('flow/mnist/*')")
+                   "chapter/08b, chapter/08c, chapter/09) or shell patterns ('flow/mnist/*')")
     p.add_argument("--scale", help="ci, default or full (default: WSBOOK_SCALE, else default)")
     p.add_argument("--list", action="store_true", help="list the artifacts and whether each is cached, per scale")
     p.add_argument("--cache-dir", help="the cache directory (default: WSBOOK_CACHE_DIR, else the user cache)")
@@ -285,7 +499,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.environ["WSBOOK_PROGRESS"] = "0"        # one progress bar: rank 0's
         config.tune_allocator()
         try:
-            compute(names, registry)
+            with as_chapters():
+                compute(names, registry)
         finally:
             distributed.close()
         return 0
@@ -294,4 +509,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return err.code
 
 
-__all__ = ["Artifact", "CLIError", "artifacts", "groups", "select", "is_cached", "list_artifacts", "compute", "main"]
+__all__ = ["Artifact", "CLIError", "artifacts", "groups", "select", "is_cached", "list_artifacts", "compute",
+           "as_chapters", "main"]
