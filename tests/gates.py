@@ -3,6 +3,12 @@
 Usage: ``python tests/gates.py [unit|chapters|book|browser ...]`` (no argument: all, in that order).
 Chapters run at ``ci`` scale unless ``WSBOOK_SCALE`` is set (the Makefile sets ``ci``); the nbval run and the book build share one cache directory so the book
 build reuses what the chapter run computed.
+
+With ``WSBOOK_STRICT_CHAPTERS=1`` (``make test`` sets it) the chapters gate first runs ``python -m wsbook`` for
+the command-line groups of the selected chapters (``chapter/08``, ``chapter/08b``, ``chapter/08c``,
+``chapter/09``) into the gate's cache directory, then runs the chapters with ``WSBOOK_CACHE_STRICT=flows/``
+(:mod:`wsbook.cache`): a flow the chapters train or sample that the command line does not precompute fails
+its chapter instead of being computed there.
 """
 from __future__ import annotations
 
@@ -57,9 +63,42 @@ def gate_unit(extra: list[str]) -> int:
                 *extra])
 
 
+#: the artifact-name prefixes that chapters may only load, never compute, in the strict chapters gate
+STRICT_PREFIXES = "flows/"
+
+
+def strict_chapters() -> bool:
+    """Whether ``WSBOOK_STRICT_CHAPTERS`` asks for the strict chapters gate."""
+    return os.environ.get("WSBOOK_STRICT_CHAPTERS", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def cli_groups(chapters: list[Path]) -> list[str]:
+    """The ``python -m wsbook`` groups of ``chapters``: ``chapter/<number>`` (``chapter/08b`` for
+    ``08b_mnist.md``) where the command line has one."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from wsbook import cli
+
+    known = cli.groups()
+    wanted = [f"chapter/{c.stem.split('_')[0]}" for c in chapters]
+    return [g for g in dict.fromkeys(wanted) if g in known]
+
+
 def gate_chapters(extra: list[str]) -> int:
     chapters = toc_files()
     selected = [c for c in chapters if not extra or any(e in c.name for e in extra)]
+    env = env_ci()
+    if strict_chapters():
+        groups = cli_groups(selected)
+        if groups:
+            start = time.perf_counter()
+            code = run([str(BIN / "python"), "-m", "wsbook", *groups, "--scale", env["WSBOOK_SCALE"]], env=env)
+            print(f"python -m wsbook {' '.join(groups)}: {time.perf_counter() - start:.1f} s", flush=True)
+            if code:
+                return code
+        env["WSBOOK_CACHE_STRICT"] = STRICT_PREFIXES
+        print(f"strict: the chapters run with WSBOOK_CACHE_STRICT={STRICT_PREFIXES} (they load those entries, "
+              "never compute them)", flush=True)
     with tempfile.TemporaryDirectory(prefix="wsbook-nbval-") as tmp:
         notebooks = []
         for chapter in selected:
@@ -73,7 +112,7 @@ def gate_chapters(extra: list[str]) -> int:
             return 1
         return run([str(BIN / "python"), "-m", "pytest", "--nbval-lax", "--nbval-current-env",
                     "--nbval-cell-timeout=600", "-p", "no:cacheprovider", "-q", "--rootdir", tmp, *notebooks],
-                   cwd=Path(tmp))
+                   env=env, cwd=Path(tmp))
 
 
 def gate_book(extra: list[str]) -> int:
