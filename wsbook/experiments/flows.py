@@ -266,7 +266,7 @@ class TrainedFlow:
         return self.config.name
 
 
-@cached("flows/trained", version=7)   # 7: training runs exclude validation and test runs
+@cached("flows/trained", version=8)   # 8: training runs exclude validation and test runs
 def _train_flow(zoo_name: str, n_holdout: int | None, split_seed: int, cfg: FlowConfig, seed: int) -> dict:
     split = zoo_split(zoo_name, n_holdout, split_seed)
     with config.seeded(seed):
@@ -291,7 +291,7 @@ def train_flow(zoo_name: str, cfg: FlowConfig, *, n_holdout: int | None = None, 
 
 
 # -------------------------------------------------------------------------------------------- sampling
-@cached("flows/samples", version=7)   # 7: flows of the three-way split
+@cached("flows/samples", version=8)   # 8: flows of the three-way split
 def _sample_flow(zoo_name: str, n_holdout: int | None, split_seed: int, cfg: FlowConfig, seed: int, n: int,
                  steps: int, method: str, guidance: float, guidance_schedule: str, sample_seed: int) -> dict:
     trained = train_flow(zoo_name, cfg, n_holdout=n_holdout, split_seed=split_seed, seed=seed)
@@ -661,7 +661,7 @@ def adam_curve(zoo_name: str, steps_list: tuple[int, ...], n: int, seed: int = 0
 
 
 __all__ = ["FlowConfig", "flow_config", "extended_config", "EXTENDED_STEPS", "baseline_config", "VARIANTS",
-           "solver_steps", "ZooSplit", "zoo_split", "build_field", "build_flow",
+           "solver_steps", "zoo_split", "build_field", "build_flow",
            "TrainedFlow", "train_flow", "sample_flow", "References", "references", "score", "score_draws",
-           "target_rows",
-           "steps_curve", "adam_curve"]
+           "target_rows", "CONTROLS", "control_sets", "test_report", "verdict_table", "SEEDS",
+           "breast_cancer_candidates", "nn_ratio_interval", "steps_curve", "adam_curve"]

@@ -207,7 +207,7 @@ def make_flow(recipe: str, spec: MLPSpec, reference: Tensor, b: Budget, dim: int
     return WeightFlow(chart, field, coupling=coupling, align_pairs=not anchored and field_kind != "flat")
 
 
-@cached("flows/mnist/train", version=6)   # 6: training runs exclude validation and test runs
+@cached("flows/mnist/train", version=7)   # 7: training runs exclude validation and test runs
 def _train(recipe: str, fields: dict, dim: int, seed: int) -> dict:
     b = budget()
     if _training_fields(b, recipe) != fields:
@@ -249,7 +249,7 @@ def train_flow(recipe: str, dim: int | None = None, seed: int = 0) -> tuple[Weig
     return WeightFlow.from_state(out["state"]), info
 
 
-@cached("flows/mnist/samples", version=6)   # 6: flows of the three-way split, any training seed
+@cached("flows/mnist/samples", version=7)   # 7: flows of the three-way split, any training seed
 def _sample(recipe: str, fields: dict, dim: int, widths: tuple[int, ...], n: int, guided: str | None,
             sampler: dict, seed: int, train_seed: int) -> dict:
     b = budget()

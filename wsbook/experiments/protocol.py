@@ -123,8 +123,10 @@ def split_runs(zoo, n_holdout: int, seed: int = 0) -> RunSplit:
                          "(test, validation and as many training runs for the validation floor, and one more); "
                          f"got {n_holdout}")
     gen = torch.Generator().manual_seed(seed)
-    rest, test = take(zoo, n_holdout, generator=gen)
-    train, validation = take(rest, n_holdout, generator=gen)
+    # validation first: these are the runs the book's earlier two-way split held out and tuned against, so
+    # the test runs are drawn from runs no choice has read
+    rest, validation = take(zoo, n_holdout, generator=gen)
+    train, test = take(rest, n_holdout, generator=gen)
     _, other = take(train, n_holdout, generator=gen)
     first = train.select(train.run == int(train.runs[0]))
     reference = first.theta[first.step.argmax()][None].clone()
