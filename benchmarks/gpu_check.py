@@ -36,6 +36,7 @@ from types import SimpleNamespace
 
 import torch
 
+from wsbook import config
 from wsbook.nets import MLPSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,20 +46,6 @@ TRAIN_STEPS = 200           # the MNIST flow's training run
 WARM_STEPS, TIMED_STEPS = 3, 20     # training steps of the untimed fit and of the timed one
 #: (zoo, architecture at full size, architecture with --tiny)
 ZOOS = (("breast_cancer", (30, 16, 16, 2), (6, 4, 4, 2)), ("mnist5k", (784, 10, 10), (12, 4, 3)))
-
-
-@contextlib.contextmanager
-def scale(name: str):
-    """Run the block at ``WSBOOK_SCALE=name`` (the experiments read their sizes from it)."""
-    before = os.environ.get("WSBOOK_SCALE")
-    os.environ["WSBOOK_SCALE"] = name
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["WSBOOK_SCALE"]
-        else:
-            os.environ["WSBOOK_SCALE"] = before
 
 
 def flows_of(zoo: str, widths: tuple[int, ...], device: torch.device,
@@ -158,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     warm, timed, train_steps, n_nets = (1, 2, 3, 32) if args.tiny else (WARM_STEPS, TIMED_STEPS, TRAIN_STEPS, 256)
     gen = torch.Generator().manual_seed(0)
     try:
-        with scale("ci" if args.tiny else "full"):
+        with config.at_scale("ci" if args.tiny else "full"):
             for zoo, full_widths, tiny_widths in ZOOS:
                 widths = tiny_widths if args.tiny else full_widths
                 nets = MLPSpec(widths).init(n_nets, generator=gen, device="cpu")

@@ -25,8 +25,8 @@ BIN = Path(sys.executable).parent
 CI_BUILD = ROOT / "_build" / "ci"
 
 
-def toc_files() -> list[Path]:
-    """Chapter sources listed in ``_toc.yml`` (only those under ``chapters/``)."""
+def toc_entries() -> list[str]:
+    """Every ``file`` entry of ``_toc.yml``, in order."""
     import yaml
 
     def walk(node):
@@ -39,8 +39,12 @@ def toc_files() -> list[Path]:
             for value in node:
                 yield from walk(value)
 
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    return [ROOT / f"{f}.md" for f in walk(toc) if f.startswith("chapters/")]
+    return list(walk(yaml.safe_load((ROOT / "_toc.yml").read_text())))
+
+
+def toc_files() -> list[Path]:
+    """Chapter sources listed in ``_toc.yml`` (only those under ``chapters/``)."""
+    return [ROOT / f"{f}.md" for f in toc_entries() if f.startswith("chapters/")]
 
 
 def env_ci() -> dict[str, str]:

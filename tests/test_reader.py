@@ -323,19 +323,9 @@ API_DIRECTIVE = re.compile(r"^\.\. (automodule|autoclass|autofunction):: (\S+)\n
 
 
 def _toc_entries() -> list[str]:
-    import yaml
+    from gates import toc_entries
 
-    def walk(node):
-        if isinstance(node, dict):
-            if "file" in node:
-                yield node["file"]
-            for value in node.values():
-                yield from walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                yield from walk(value)
-
-    return list(walk(yaml.safe_load((ROOT / "_toc.yml").read_text())))
+    return toc_entries()
 
 
 def test_every_library_package_has_an_api_page_in_the_toc():

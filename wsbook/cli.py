@@ -339,20 +339,6 @@ def select(patterns: Sequence[str], registry: dict[str, Artifact],
     return [n for n in registry if n in chosen]
 
 
-@contextmanager
-def at_scale(scale: str) -> Iterator[None]:
-    """Run a block at another ``WSBOOK_SCALE``."""
-    before = os.environ.get("WSBOOK_SCALE")
-    os.environ["WSBOOK_SCALE"] = scale
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("WSBOOK_SCALE", None)
-        else:
-            os.environ["WSBOOK_SCALE"] = before
-
-
 def is_cached(artifact: Artifact) -> bool:
     """Whether everything ``artifact`` needs is in the cache (at the current scale); computes nothing."""
     try:
@@ -391,7 +377,7 @@ def list_artifacts(registry: dict[str, Artifact], out=None) -> None:
     for name, artifact in registry.items():
         marks = []
         for scale in config.SCALES:
-            with at_scale(scale):
+            with config.at_scale(scale):
                 marks.append("yes" if is_cached(artifact) else "-")
         print(f"{name:<{width}}  " + "  ".join(f"{m:>7}" for m in marks) + f"  {artifact.help}", file=out)
     print("groups: " + ", ".join(groups()) + "; shell patterns such as 'flow/mnist/*' work too", file=out)

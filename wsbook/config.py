@@ -28,6 +28,20 @@ def scale() -> str:
     return value
 
 
+@contextlib.contextmanager
+def at_scale(name: str) -> Iterator[None]:
+    """Run a block at scale ``name`` (``WSBOOK_SCALE``), the previous value restored afterwards."""
+    before = os.environ.get("WSBOOK_SCALE")
+    os.environ["WSBOOK_SCALE"] = name
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("WSBOOK_SCALE", None)
+        else:
+            os.environ["WSBOOK_SCALE"] = before
+
+
 def by_scale(ci: T, default: T, full: T) -> T:
     """Return the argument that belongs to the current :func:`scale` (the one function that sizes every run)."""
     return {"ci": ci, "default": default, "full": full}[scale()]
