@@ -176,8 +176,8 @@ def test_compare_means_needs_more_than_the_noise():
 
     cols = pd.MultiIndex.from_tuples([("tv", "mean"), ("tv", "se")])
     s = pd.DataFrame([[1.0, 0.1], [1.5, 0.1], [1.1, 0.1]], index=["a", "b", "c"], columns=cols)
-    assert pf.compare_means(s, "a", "b", "tv") == "closer"
-    assert pf.compare_means(s, "b", "a", "tv") == "farther"
+    assert pf.compare_means(s, "a", "b", "tv") == "met"
+    assert pf.compare_means(s, "b", "a", "tv") == "missed"
     assert pf.compare_means(s, "a", "c", "tv") == "level"          # 0.1 apart, 0.14 standard error
 
 
@@ -233,3 +233,58 @@ def test_sample_flow_without_a_generator_draws_from_the_books_seed(monkeypatch):
     assert torch.equal(draw(0), draw(0))
     assert torch.equal(draw(0), draw(7, torch.Generator().manual_seed(0)))
     assert not torch.equal(draw(1), draw(0))
+
+
+def test_posterior_verdict_chooses_on_validation_and_reads_the_test_run_only_in_the_report(monkeypatch):
+    """The protocol on fake runs, flows and VI ("networks" are their own test outputs): the choice reads the
+    validation run only (the test run raises anywhere but inside protocol.final_report), the chosen flow
+    is the candidate nearest the validation run among those whose TV there beats VI's, every row of the
+    verdict has one value per fresh seed, and a flow at the test run's own distribution beats VI."""
+    from types import SimpleNamespace
+
+    from wsbook.experiments import protocol, tasks
+
+    n_test = 20
+
+    def outputs(m, shift, g):
+        p = torch.sigmoid(torch.randn(m, n_test, generator=g) + shift)
+        return torch.stack([p, 1 - p], -1)
+
+    class Run(SimpleNamespace):
+        @property
+        def probs(self):
+            if self.sealed and not protocol._TEST_OPEN.get():
+                raise AssertionError("the test run was read outside the final report")
+            return self.values
+
+    runs = {s: Run(values=outputs(400, 0.0, torch.Generator().manual_seed(10 + s)), sealed=s == 2, spec=None,
+                   theta=outputs(400, 0.0, torch.Generator().manual_seed(20 + s)))
+            for s in (0, 1, 2)}
+    opened = []
+    monkeypatch.setattr(pf.targets, "hmc_reference", lambda task, seed: opened.append(seed) or runs[seed])
+    monkeypatch.setattr(pf.targets, "predictive_probs", lambda spec, theta, x: theta)
+
+    def sampler(shift):
+        chart = SimpleNamespace(sample_source=lambda m, g: outputs(m, 3.0, g), to_weights=lambda x: x)
+        return SimpleNamespace(shift=shift, chart=chart)
+
+    # "good" is nearest the runs, "vi-like" is VI's twin, "far" is farther than VI
+    shifts = {"far": 1.5, "good": 0.05, "vi-like": 0.4}
+    monkeypatch.setattr(pf, "candidates", lambda task="breast_cancer": {k: (lambda s, v=v: sampler(v))
+                                                                        for k, v in shifts.items()})
+    monkeypatch.setattr(pf, "sample_flow", lambda flow, m, g: (outputs(m, flow.shift, g), None, 0.0))
+    vi = SimpleNamespace(sample=lambda m, g: SimpleNamespace(samples=outputs(m, 0.4, g)))
+    monkeypatch.setattr(tasks, "vi_posterior", lambda task, seed=0, members=1: vi)
+    monkeypatch.setattr(pf, "gaussian_fits", lambda task, m, g: {pf.MIXTURE_ROW: (outputs(m, 0.2, g), 0.0)})
+
+    validation = pf.validation_scores(n=32, repeats=3)
+    assert 2 not in opened and pf.select_flow(validation) == "good"     # the choice never looked at run 2
+    with pytest.raises(AssertionError, match="outside the final report"):
+        runs[2].probs                                                    # selection code that peeks fails
+    table = pf.verdict_table(n=64)
+    assert table.attrs["selected"] == "good" and 2 in opened
+    assert set(table.index) == {pf.HMC_ROW, "good", pf.FLOW_SOURCE_ROW, pf.VI_ROW, pf.MIXTURE_ROW}
+    assert (table["seeds"] == len(protocol.SEEDS)).all()
+    assert table.loc["good", "TV vs VI"] == "met" and table.loc["good", "MMD² vs VI"] == "met"
+    assert table.loc[pf.FLOW_SOURCE_ROW, "MMD² vs VI"] == "missed" and table.attrs["goal"] == "met"
+    assert table.loc[pf.VI_ROW, "TV vs VI"] == "—"

@@ -57,6 +57,11 @@ def test_mean_se_and_verdicts():
     assert protocol.bound_verdict(0.99, 0.01, 1.0, 0.95) == "level"    # below 1 but within noise of it
     assert protocol.bound_verdict(1.01, 0.05, 1.0, 0.95) == "level"    # interval reaches below 0.95
     assert protocol.bound_verdict(0.90, 0.01, 1.0, 0.95) == "missed"
+    # two uncertain means: the standard errors add in quadrature (0.3 apart, se of the difference 0.1414)
+    assert protocol.versus(1.0, 0.1, 1.3, 0.1) == "met"
+    assert protocol.versus(1.0, 0.1, 1.25, 0.1) == "level"        # 1.77 se of the difference, not 2.5 of one
+    assert protocol.versus(1.3, 0.1, 1.0, 0.1) == "missed"
+    assert protocol.versus(0.9, 0.01, 0.8, 0.02, "higher") == "met"
 
 
 def test_perfect_generator_floor_reads_one_for_iid_draws_and_carries_its_spread():

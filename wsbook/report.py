@@ -26,3 +26,22 @@ def glue(name: str, value: Any, fmt: str | None = None, display: bool = False) -
         value = value.item()
     shown = PlainText(format(value, fmt) if fmt else value) if (fmt or isinstance(value, str)) else value
     myst_glue(name, shown, display=display)
+
+
+def pm(row, column: str, digits: int) -> str:
+    """``"mean ± se"`` of a table row holding ``column`` and ``column + "_se"``, to ``digits`` decimals."""
+    return f"{row[column]:.{digits}f} ± {row[column + '_se']:.{digits}f}"
+
+
+def verdict_display(table, columns: dict[str, tuple[str, int]], verdicts: list[str], chosen: str | None = None,
+                    label=lambda k: k, axis: str = "test runs"):
+    """A verdict table as the book shows it: a column ``seeds``, one ``"mean ± se"`` column per entry of
+    ``columns`` (``{column: (heading, digits)}``), then the ``verdicts`` columns as they are; rows named by
+    ``label(row)``, the ``chosen`` row marked "chosen flow: ", the index named ``axis``."""
+    import pandas as pd
+
+    shown = pd.DataFrame({"seeds": table["seeds"].astype(int),
+                          **{head: [pm(r, col, digits) for _, r in table.iterrows()]
+                             for col, (head, digits) in columns.items()}}, index=table.index).join(table[verdicts])
+    shown.index = [f"chosen flow: {label(k)}" if k == chosen else label(k) for k in shown.index]
+    return shown.rename_axis(axis)

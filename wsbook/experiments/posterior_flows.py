@@ -1,8 +1,9 @@
 """Flows as posterior samplers (book chapter 8, "Flows as posterior samplers" page).
 
 A flow is trained on the draws of the reference HMC run (:func:`wsbook.experiments.targets.hmc_reference`,
-seed 0) and scored like every other approximate-inference method against that run and against the second,
-independent run (seed 1), which it never saw:
+seed 0) and scored like every other approximate-inference method against independent runs it never saw
+(:data:`HMC_RUNS`): the validation run (seed 1), on which every choice is made, and the test run (seed 2),
+which only :func:`verdict_table` reads:
 
 * :func:`posterior_flow`: a trained, cached :class:`~wsbook.weightflow.WeightFlow` on the Euclidean or the
   Geometric chart (sizes per scale in :func:`flow_settings`) and its training seconds.
@@ -15,9 +16,10 @@ independent run (seed 1), which it never saw:
   yardsticks of what a density estimate of the draws must capture.
 * :func:`methods_table`: the results chapter's methods table (:func:`targets.methods_against_reference`)
   with the flows as extra rows, plus the distances to the held-out HMC run and a memorisation check.
-* :func:`repeated_comparison` (:func:`repeated_distances`, :func:`summarise_repeats`, :func:`compare_means`):
-  the same distances over several independent sets of samples, so that a verdict against VI is not the
-  luck of one set; :func:`polished_comparison` (:func:`hmc_polish`): samples of the flow, VI and the prior
+* :func:`verdict_table`: the protocol. :func:`validation_scores` (:func:`repeated_distances` over several
+  independent sets, :func:`summarise_repeats`) scores every :func:`candidates` flow on the validation run,
+  :func:`select_flow` chooses, and the chosen flow, trained over fresh seeds, is judged on the test run
+  beside mean-field VI, the per-chain Gaussians and its own source; :func:`polished_comparison` (:func:`hmc_polish`): samples of the flow, VI and the prior
   as starting points of a few exact HMC transitions; :func:`posterior_terms`, where a set of networks sits in
   training log-likelihood and log prior against HMC's draws.
 * :func:`importance_sampling`: self-normalised importance weights ``p(theta | D) / q(theta)`` of the samples of
@@ -43,7 +45,7 @@ from wsbook import config
 from wsbook.bayes import metrics as M
 from wsbook.bayes.distances import median_bandwidth, median_nn_distance, mmd2
 from wsbook.cache import cached
-from wsbook.experiments import targets
+from wsbook.experiments import protocol, targets
 from wsbook.weightflow import EuclideanChart, FlatField, GeometricChart, NeuronGraphField, WeightFlow, gnn_field
 
 CHARTS = ("euclidean", "geometric")
@@ -439,16 +441,21 @@ def methods_table(task: str, n: int, flows: dict[str, tuple[Tensor, float]], see
     return table
 
 
+def _distances_to(task: str, other: "targets.Reference", seed: int = 0):
+    """``probs [n, N, C] -> (tv, mmd2)``: the distances of a set of networks' test predictions to the HMC run
+    ``other``: TV of the model average and function-space MMD² with the median bandwidth of the training run
+    and ``other`` (drawn with ``seed``)."""
+    ref0 = targets.hmc_reference(task, HMC_RUNS["training"])
+    h = median_bandwidth(ref0.probs, other.probs, generator=torch.Generator().manual_seed(seed))
+    mean = other.probs.mean(0)
+    return lambda probs: (float(M.total_variation(probs.mean(0), mean)), float(mmd2(probs, other.probs, bandwidth=h)))
+
+
 def _distances_to_run1(task: str, seed: int = 0):
-    """``probs [n, N, C] -> {"tv_run1", "mmd2_run1"}``: the distances of a set of networks' test predictions
-    to the held-out HMC run (seed 1), TV of the model average and function-space MMD² with the median
-    bandwidth of both runs (drawn with ``seed``), as :func:`methods_table` and :func:`repeated_distances`
-    report them."""
-    ref0, ref1 = targets.hmc_reference(task, 0), targets.hmc_reference(task, 1)
-    h = median_bandwidth(ref0.probs, ref1.probs, generator=torch.Generator().manual_seed(seed))
-    p1 = ref1.probs.mean(0)
-    return lambda probs: {"tv_run1": float(M.total_variation(probs.mean(0), p1)),
-                          "mmd2_run1": float(mmd2(probs, ref1.probs, bandwidth=h))}
+    """``probs [n, N, C] -> {"tv_run1", "mmd2_run1"}``: :func:`_distances_to` the validation run (seed 1),
+    as :func:`methods_table` and :func:`repeated_distances` report them."""
+    to = _distances_to(task, targets.hmc_reference(task, HMC_RUNS["validation"]), seed)
+    return lambda probs: dict(zip(("tv_run1", "mmd2_run1"), to(probs)))
 
 
 def repeated_distances(task: str, samplers: dict, n: int, repeats: int, seed: int = 0):
@@ -493,40 +500,11 @@ def summarise_repeats(per_set):
     return out.sort_index(axis=1)
 
 
-#: the rows of :func:`repeated_comparison`: the flows trained on the density and their closest rival
+#: the rows of the flows trained on the density: draws and density together, and reverse KL after the draws
 DENSITY_FLOWS = ("flow, draws + density", "euclidean flow + reverse KL")
-#: the row of :func:`repeated_comparison` for the joint flow's untrained start: its source, the VI mixture
-SOURCE_ROW = "vi mixture (source)"
-
-
 def repeat_count() -> int:
-    """Sets per sampler in :func:`repeated_comparison` at the current scale."""
+    """Sets per sampler in :func:`validation_scores` and :func:`polished_comparison` at the current scale."""
     return config.by_scale(3, 8, 8)
-
-
-def repeated_comparison(task: str = "breast_cancer", n: int | None = None, repeats: int | None = None):
-    """:func:`summarise_repeats` of :func:`repeated_distances` for the flows trained on the posterior density
-    (:data:`DENSITY_FLOWS`: :func:`posterior_flow_joint`, :func:`posterior_flow_kl`), for the joint flow's
-    source (:data:`SOURCE_ROW`) and for mean-field VI (:func:`tasks.vi_posterior`, the fit behind the methods
-    table's row), each in ``repeats`` sets (default :func:`repeat_count`) of ``n`` networks (default: the
-    methods table's size)."""
-    from wsbook.experiments.tasks import posterior_sample_size
-
-    n = posterior_sample_size() if n is None else n
-    return summarise_repeats(repeated_distances(task, _density_samplers(task), n,
-                                                repeat_count() if repeats is None else repeats))
-
-
-def _density_samplers(task: str) -> dict:
-    """``{name: draw(n, generator)}`` of the flows trained on the density (:data:`DENSITY_FLOWS`), of the joint
-    flow's source (:data:`SOURCE_ROW`, the mixture of VI fits it starts from) and of VI."""
-    from wsbook.experiments.tasks import vi_posterior
-
-    joint, kl, vi = posterior_flow_joint(task)[0], posterior_flow_kl(task)[0], vi_posterior(task)
-    return {DENSITY_FLOWS[0]: lambda m, g: sample_flow(joint, m, g)[0],
-            DENSITY_FLOWS[1]: lambda m, g: sample_flow(kl, m, g)[0],
-            SOURCE_ROW: lambda m, g: joint.chart.to_weights(joint.chart.sample_source(m, g)),
-            "vi": lambda m, g: vi.sample(m, g).samples.detach()}
 
 
 def hmc_polish(task: str, networks: Tensor, trajectories: int, generator: torch.Generator | None = None) -> Tensor:
@@ -549,15 +527,18 @@ def hmc_polish(task: str, networks: Tensor, trajectories: int, generator: torch.
 
 def polished_comparison(task: str = "breast_cancer", trajectories: tuple[int, ...] = (0, 1, 3),
                         n: int | None = None, repeats: int | None = None):
-    """:func:`repeated_comparison`'s distances for the flow trained on draws and density, mean-field VI and the
+    """:func:`repeated_distances` for the flow trained on draws and density, mean-field VI and the
     prior, each followed by ``k`` HMC transitions (:func:`hmc_polish`) for every ``k`` in ``trajectories``
     (rows ``"<start> +k"``), with a column ``gradients`` (full-data gradient evaluations per network) beside
     HMC's per effective sample (row ``"hmc per effective sample"``)."""
     from wsbook.experiments.tasks import posterior_sample_size
 
     n = posterior_sample_size() if n is None else n
-    density = _density_samplers(task)
-    starts = {DENSITY_FLOWS[0]: density[DENSITY_FLOWS[0]], "vi": density["vi"],
+    from wsbook.experiments.tasks import vi_posterior
+
+    joint, vi = posterior_flow_joint(task)[0], vi_posterior(task)
+    starts = {DENSITY_FLOWS[0]: lambda m, g: sample_flow(joint, m, g)[0],
+              "vi": lambda m, g: vi.sample(m, g).samples.detach(),
               "prior draws": lambda m, g: prior_draws(task, m, g)}
     samplers = {f"{name} +{k}": (lambda m, g, s=start, k=k: hmc_polish(task, s(m, g), k, g))
                 for name, start in starts.items() for k in trajectories}
@@ -568,17 +549,115 @@ def polished_comparison(task: str = "breast_cancer", trajectories: tuple[int, ..
     return out
 
 
-def compare_means(summary, a: str, b: str, column: str, z: float = 2.0) -> str:
-    """``"closer"``, ``"farther"`` or ``"level"``: whether row ``a`` of a :func:`summarise_repeats` table is
-    below row ``b`` in ``column`` by more than ``z`` standard errors of the difference, above it by as much,
-    or neither."""
-    diff = summary.loc[a, (column, "mean")] - summary.loc[b, (column, "mean")]
-    se = math.hypot(summary.loc[a, (column, "se")], summary.loc[b, (column, "se")])
-    return "closer" if diff < -z * se else "farther" if diff > z * se else "level"
+def compare_means(summary, a: str, b: str, column: str) -> str:
+    """:func:`~wsbook.experiments.protocol.versus` of row ``a`` of a :func:`summarise_repeats` table against
+    row ``b`` in ``column``: ``"met"`` (closer to HMC) when ``a`` is below ``b`` by more than two standard
+    errors of the difference, ``"missed"`` when above by as much, ``"level"`` otherwise."""
+    a_, b_ = ((summary.loc[r, (column, "mean")], summary.loc[r, (column, "se")]) for r in (a, b))
+    return protocol.versus(*a_, *b_)
 
 
-# How the page words a :func:`compare_means` verdict of row ``a`` against row ``b`` (the name of ``b`` follows).
-COMPARE_PHRASES = {"closer": "closer to HMC than", "level": "level with", "farther": "farther from HMC than"}
+# How the pages word a distance verdict of one row against another (the other's name follows).
+COMPARE_PHRASES = {"met": "closer to HMC than", "level": "level with", "missed": "farther from HMC than"}
+
+
+# ------------------------------------------------------------------------------------ the protocol
+#: the reference HMC runs (seeds of :func:`targets.hmc_reference`) of the posterior protocol: the flows learn
+#: the training run's draws; every choice reads the validation run (the run the recipes were tuned against);
+#: the verdict reads the test run, which no choice has read
+HMC_RUNS = {"training": 0, "validation": 1, "test": 2}
+#: the rows of :func:`verdict_table` beside the chosen flow
+HMC_ROW, VI_ROW, MIXTURE_ROW, FLOW_SOURCE_ROW = ("HMC, training run", "mean-field VI", "per-chain gaussians",
+                                                  "the flow's source")
+
+
+def candidates(task: str = "breast_cancer") -> dict:
+    """The posterior flows :func:`verdict_table` chooses among, by row name: ``{name: seed -> flow}``."""
+    return {"euclidean flow": lambda s: posterior_flow(task, "euclidean", s)[0],
+            "geometric flow": lambda s: posterior_flow(task, "geometric", s)[0],
+            DENSITY_FLOWS[1]: lambda s: posterior_flow_kl(task, s)[0],
+            DENSITY_FLOWS[0]: lambda s: posterior_flow_joint(task, s)[0]}
+
+
+def validation_scores(task: str = "breast_cancer", n: int | None = None, repeats: int | None = None):
+    """:func:`summarise_repeats` of every candidate flow of seed 0 (:func:`candidates`) and of mean-field VI
+    against the validation run, over ``repeats`` sets of ``n`` networks (defaults as
+    :func:`polished_comparison`)."""
+    from wsbook.experiments.tasks import posterior_sample_size, vi_posterior
+
+    n = posterior_sample_size() if n is None else n
+    samplers = {name: (lambda m, g, f=make(0): sample_flow(f, m, g)[0]) for name, make in candidates(task).items()}
+    vi = vi_posterior(task)
+    samplers["vi"] = lambda m, g: vi.sample(m, g).samples.detach()
+    return summarise_repeats(repeated_distances(task, samplers, n, repeat_count() if repeats is None else repeats))
+
+
+def select_flow(validation) -> str:
+    """The candidate with the lowest mean MMD² to the validation run among those whose mean TV there is below
+    VI's (all candidates when none is), from a :func:`validation_scores` table."""
+    mean = validation.xs("mean", axis=1, level=1)
+    scores = {name: {"tv": mean.loc[name, "tv_run1"], "mmd2": mean.loc[name, "mmd2_run1"]}
+              for name in mean.index if name != "vi"}
+    return protocol.select_best(scores, "mmd2", admissible=lambda sc: sc["tv"] < mean.loc["vi", "tv_run1"])
+
+
+def _test_table(test: "targets.Reference", *, task: str, sets: dict[str, list[Tensor]], chosen: str):
+    import pandas as pd
+    from wsbook.experiments.tasks import get_task
+
+    to_test = _distances_to(task, test)
+    spec, x = test.spec, get_task(task).data().x_test
+    rows = {}
+    for name, thetas in sets.items():
+        tv, mm = zip(*(to_test(targets.predictive_probs(spec, t, x)) for t in thetas))
+        rows[name] = {"seeds": len(thetas), "tv": protocol.mean_se(tv)[0], "tv_se": protocol.mean_se(tv)[1],
+                      "mmd2": protocol.mean_se(mm)[0], "mmd2_se": protocol.mean_se(mm)[1]}
+    table = pd.DataFrame(rows).T
+    for other, against in ((VI_ROW, "VI"), (MIXTURE_ROW, "per-chain gaussians")):
+        for col, measure in (("tv", "TV"), ("mmd2", "MMD²")):
+            protocol.versus_column(table, f"{measure} vs {against}", col, [chosen, FLOW_SOURCE_ROW], other)
+    return table
+
+
+def verdict_table(task: str = "breast_cancer", n: int | None = None, seeds: tuple[int, ...] = protocol.SEEDS):
+    """The posterior protocol end to end: choose on the validation run, train over fresh seeds, judge on the
+    test run.
+
+    The flow is chosen by :func:`select_flow` from :func:`validation_scores` (seed-0 flows). It is then
+    trained once per seed of ``seeds`` (not seed 0, whose sample the choice read) and each seed's ``n``
+    networks, its source's ``n`` networks (the flow with a zero field), a mean-field VI fit of that seed,
+    the mixture of per-chain Gaussians fitted to the training run's draws (:func:`gaussian_fits`) and ``n``
+    draws of the training run itself (the row a perfect sampler would match) are scored against the test
+    run in :func:`wsbook.experiments.protocol.final_report`: total variation of the model average (``tv``)
+    and function-space MMD² (``mmd2``), mean and standard error over the seeds, and verdict columns
+    (:func:`~wsbook.experiments.protocol.versus`: *met* = closer beyond two standard errors) of the flow and
+    its source against VI and against the per-chain Gaussians.
+
+    Returns the DataFrame with ``attrs``: ``selected``, ``validation`` (the table the choice read), ``n``,
+    ``runs`` (:data:`HMC_RUNS`) and ``goal`` (*met* when the flow is closer than VI in both measures).
+    """
+    from wsbook.experiments.tasks import posterior_sample_size, vi_posterior
+
+    n = posterior_sample_size() if n is None else n
+    validation = validation_scores(task, n)
+    chosen = select_flow(validation)
+    make, train = candidates(task)[chosen], targets.hmc_reference(task, HMC_RUNS["training"])
+    sets: dict[str, list[Tensor]] = {HMC_ROW: [], chosen: [], FLOW_SOURCE_ROW: [], VI_ROW: [], MIXTURE_ROW: []}
+    for s in seeds:
+        gen = torch.Generator().manual_seed(s)
+        flow, vi = make(s), vi_posterior(task, s)
+        with torch.no_grad():
+            sets[chosen].append(sample_flow(flow, n, gen)[0])
+            sets[FLOW_SOURCE_ROW].append(flow.chart.to_weights(flow.chart.sample_source(n, gen)))
+            sets[VI_ROW].append(vi.sample(n, gen).samples)
+        sets[MIXTURE_ROW].append(gaussian_fits(task, n, gen)[MIXTURE_ROW][0])
+        sets[HMC_ROW].append(train.theta[protocol.iid_rows(len(train.theta), n, gen)])
+    test = protocol.Sealed(targets.hmc_reference(task, HMC_RUNS["test"]), f"{task}: the test HMC run")
+    table = protocol.final_report(_test_table, test, task=task, sets=sets, chosen=chosen)
+    goal = [table.loc[chosen, f"{m} vs VI"] for m in ("TV", "MMD²")]
+    table.attrs.update(selected=chosen, validation=validation, n=n, runs=dict(HMC_RUNS),
+                       goal="met" if goal == ["met", "met"] else "missed" if "missed" in goal else "level")
+    return table
 
 
 def posterior_terms(task: str, sets: dict[str, Tensor]):
@@ -1022,8 +1101,9 @@ def detection_table(task: str = "breast_cancer", charts: tuple[str, ...] = CHART
 
 
 __all__ = ["CHARTS", "FlowSettings", "flow_settings", "KLSettings", "kl_settings", "posterior_field", "posterior_flow",
-           "posterior_flow_kl", "JointSettings", "joint_settings", "posterior_flow_joint", "SOURCE_ROW", "sample_flow",
-           "methods_table", "alignment_spread", "prior_draws", "gaussian_fits",
+           "posterior_flow_kl", "JointSettings", "joint_settings", "posterior_flow_joint", "sample_flow",
+           "methods_table", "HMC_RUNS", "candidates", "validation_scores", "select_flow", "verdict_table",
+           "alignment_spread", "prior_draws", "gaussian_fits",
            "guided", "posterior_terms", "memorisation", "RHAT_LIMIT", "RHAT_SHARE", "COST_GOAL",
            "COST_MORE", "NoCost", "rhat_quantile", "cost_refusal", "cost_verdict", "amortised_cost", "cost",
            "COST_FLOWS", "cost_inputs", "cost_flow", "cost_table", "task_cost", "importance_sampling", "PROPOSALS", "elbos",

@@ -26,6 +26,9 @@ from torch import Tensor
 from wsbook.bayes import distances
 
 T = TypeVar("T")
+#: the training seeds of every flow in a verdict table: not seed 0, whose sample the choice read (a draw
+#: chosen for scoring well on validation data would carry its luck into the verdict)
+SEEDS = (1, 2, 3)
 _TEST_OPEN = contextvars.ContextVar("wsbook_test_split_open", default=False)
 #: the verdict words, in the order of the table columns' legend
 VERDICTS = ("met", "level", "missed")
@@ -205,6 +208,23 @@ def verdict(mean: float, se: float, goal: float, better: str = "lower") -> str:
     return "missed" if margin < -2 * se else "level"
 
 
+def versus(mean: float, se: float, other_mean: float, other_se: float, better: str = "lower") -> str:
+    """:func:`verdict` of one mean against another, both uncertain: ``"met"`` when ``mean`` beats
+    ``other_mean`` by more than two standard errors of the difference (independent seeds), ``"missed"``
+    when it is worse by as much, ``"level"`` otherwise."""
+    return verdict(mean - other_mean, math.hypot(se, other_se), 0.0, better)
+
+
+def versus_column(table, name: str, column: str, rows, other: str, better: str = "lower") -> None:
+    """Add the column ``name`` to a DataFrame of means (``column``) and standard errors (``column + "_se"``):
+    :func:`versus` of each of ``rows`` against the row ``other``; "—" in the other rows."""
+    table[name] = "—"
+    o = table.loc[other]
+    for r in rows:
+        table.loc[r, name] = versus(table.loc[r, column], table.loc[r, f"{column}_se"], o[column], o[f"{column}_se"],
+                                    better)
+
+
 def bound_verdict(mean: float, se: float, goal: float, floor: float) -> str:
     """A goal with a tolerance, as the memorisation ratio's "at least ``goal``, its 95 % interval not below
     ``floor``": ``"met"`` when ``mean >= goal`` and ``mean - 2 se >= floor``; ``"missed"`` when even
@@ -225,4 +245,4 @@ def select_best(scores: dict[str, dict], key: str, *, admissible: Callable[[dict
 
 
 __all__ = ["SealedSplitError", "Sealed", "final_report", "RunSplit", "split_runs", "Floor", "iid_rows",
-           "perfect_generator_floor", "mean_se", "verdict", "bound_verdict", "select_best", "VERDICTS"]
+           "perfect_generator_floor", "mean_se", "verdict", "versus", "versus_column", "bound_verdict", "select_best", "VERDICTS", "SEEDS"]
