@@ -701,6 +701,8 @@ RHAT_SHARE = 0.95
 COST_GOAL = 10.0
 #: the flows are also priced with their training spread over this many times the samples a page draws
 COST_MORE = 10
+#: the cost verdict of a flow that meets the goal only over :data:`COST_MORE` times the page's samples
+MET_AT_MORE = f"met only over {COST_MORE}x the samples"
 #: how the cost sentences name a task
 TASK_LABELS = {"breast_cancer": "breast-cancer", "mnist5k": "MNIST"}
 
@@ -737,11 +739,12 @@ def _refusal(task: str, p: float) -> str | None:
 def cost_verdict(ratio_n: float, ratio_more: float, goal: float = COST_GOAL) -> str:
     """The cost goal's word: ``"met"`` when a flow sample is at least ``goal`` times cheaper than an
     effective HMC sample with its training spread over the samples the page draws (``ratio_n``),
-    ``"level"`` when it is only once the training is spread over :data:`COST_MORE` times as many
-    (``ratio_more``), ``"missed"`` when not even then."""
+    :data:`MET_AT_MORE` when it is only once the training is spread over :data:`COST_MORE` times as many
+    (``ratio_more``), ``"missed"`` when not even then. (A cost is one measured ratio, not a mean over seeds,
+    so the protocol's *level*, within two standard errors, does not apply.)"""
     if ratio_n >= goal:
         return "met"
-    return "level" if ratio_more >= goal else "missed"
+    return MET_AT_MORE if ratio_more >= goal else "missed"
 
 
 def amortised_cost(train_seconds: float, sample_seconds: float, n: int, hmc_seconds: float, hmc_ess: float,
@@ -1105,7 +1108,7 @@ __all__ = ["CHARTS", "FlowSettings", "flow_settings", "KLSettings", "kl_settings
            "methods_table", "HMC_RUNS", "candidates", "validation_scores", "select_flow", "verdict_table",
            "alignment_spread", "prior_draws", "gaussian_fits",
            "guided", "posterior_terms", "memorisation", "RHAT_LIMIT", "RHAT_SHARE", "COST_GOAL",
-           "COST_MORE", "NoCost", "rhat_quantile", "cost_refusal", "cost_verdict", "amortised_cost", "cost",
+           "COST_MORE", "MET_AT_MORE", "NoCost", "rhat_quantile", "cost_refusal", "cost_verdict", "amortised_cost", "cost",
            "COST_FLOWS", "cost_inputs", "cost_flow", "cost_table", "task_cost", "importance_sampling", "PROPOSALS", "elbos",
            "reweighted",
            "detection_sets", "detection_table", "auroc", "OWN_SAMPLES"]
