@@ -63,7 +63,7 @@ def flows_of(zoo: str, widths: tuple[int, ...], device: torch.device,
         out = []
         for kind in ("gnn", "neuron", "flat"):
             cfg = flows.flow_config("euclidean", "aligned_ot", field=kind)
-            out.append((flows.build_flow(split, cfg), dict(batch_size=cfg.batch_size, lr=cfg.lr),
+            out.append((flows.build_flow(split.spec, cfg, split.reference), dict(batch_size=cfg.batch_size, lr=cfg.lr),
                         dict(n=n, steps=steps, method="midpoint")))
     else:
         b = mnist_flows.budget()

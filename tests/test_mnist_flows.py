@@ -52,9 +52,12 @@ def test_recipes_and_errors():
     transfer = mf.make_flow(mf.TRANSFER, spec, ref[0], b)
     assert type(transfer.field).__name__ == "NeuronField"
     assert transfer.with_spec(MLPSpec((6, 9, 3))).spec.widths == (6, 9, 3)
-    # only the neuron field's own sizes key its cache entry
-    assert "neuron_steps" in mf._training_fields(b, mf.TRANSFER)
-    assert "neuron_steps" not in mf._training_fields(b, "geometric_aligned_ot")
+    # every recipe is a FlowConfig trained by the one pipeline, with its own budget's sizes
+    neuron, gnn = mf.recipe_config(mf.TRANSFER), mf.recipe_config("geometric_aligned_ot")
+    assert (neuron.field, neuron.steps, neuron.anchored) == ("neuron", b.neuron_steps, False)
+    assert (gnn.field, gnn.steps, gnn.anchored, gnn.dim) == ("gnn", b.steps, True, b.dim)
+    assert mf.recipe_config("geometric_aligned_ot", dim=b.dim + 4).dim == b.dim + 4
+    assert mf.recipe_config("plain_baseline").align_pairs is False
     with pytest.raises(ValueError, match="unknown recipe"):
         mf.make_flow("nope", spec, ref[0], b)
     with pytest.raises(ValueError, match="unknown recipe"):

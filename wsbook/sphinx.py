@@ -323,7 +323,7 @@ def run_box(chapter: str, times: dict[str, dict[str, dict]], build_scale: str,
     box += para("In JupyterLab: ", "`make lab`", " opens ", "`chapters/`", "; double-click ",
                 f"`{chapter}.md`", " and it opens as a notebook. The scale is read when the kernel starts: ",
                 "`WSBOOK_SCALE=ci make lab`", " (tiny, for the tests), ", "`default`",
-                " (this book) or ", "`full`", f" (a GPU server). This page was built at ", f"`{build_scale}`",
+                " (this book) or ", "`full`", " (a GPU server). This page was built at ", f"`{build_scale}`",
                 ".")
     box += para("JupyterLab renders the math, but not everything this page resolves: citations show as "
                 "their keys, and each ", "`{glue}`", " shows its key instead of the number (the number is "

@@ -75,7 +75,6 @@ def ece(p: Tensor, y: Tensor, n_bins: int = 15) -> Tensor:
     correct = (predicted == y).to(p.dtype)
     bins = (confidence * n_bins).long().clamp_(0, n_bins - 1)
     shape = (*confidence.shape[:-1], n_bins)
-    count = torch.zeros(shape, dtype=p.dtype, device=p.device).scatter_add_(-1, bins, torch.ones_like(confidence))
     conf_sum = torch.zeros(shape, dtype=p.dtype, device=p.device).scatter_add_(-1, bins, confidence)
     acc_sum = torch.zeros(shape, dtype=p.dtype, device=p.device).scatter_add_(-1, bins, correct)
     return (acc_sum - conf_sum).abs().sum(-1) / confidence.shape[-1]

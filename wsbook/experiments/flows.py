@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -237,12 +237,14 @@ def build_field(spec, cfg: FlowConfig):
     return FlatField(spec, hidden=cfg.hidden, depth=cfg.depth)
 
 
-def build_flow(split: protocol.RunSplit, cfg: FlowConfig) -> WeightFlow:
-    """The untrained :class:`~wsbook.weightflow.WeightFlow` of ``cfg`` for the split's architecture."""
-    spec = split.spec
+def build_flow(spec, cfg: FlowConfig, reference: Tensor | None = None) -> WeightFlow:
+    """The untrained :class:`~wsbook.weightflow.WeightFlow` of ``cfg`` for networks of ``spec``; an aligned
+    chart matches every network to ``reference`` (one network, e.g. a split's ``reference``)."""
     kw = {} if cfg.sigma is None else {"sigma": cfg.sigma}
     if cfg.aligned:
-        kw["reference"] = split.reference[0].cpu()
+        if reference is None:
+            raise ValueError(f"build_flow: the aligned flow {cfg.name} needs a reference network")
+        kw["reference"] = reference.reshape(-1).cpu()
     if cfg.chart != "euclidean":
         kw["last_layer"] = cfg.last_layer
     chart = make_chart(cfg.chart, spec, **kw)
@@ -270,7 +272,7 @@ class TrainedFlow:
 def _train_flow(zoo_name: str, n_holdout: int | None, split_seed: int, cfg: FlowConfig, seed: int) -> dict:
     split = zoo_split(zoo_name, n_holdout, split_seed)
     with config.seeded(seed):
-        flow = build_flow(split, cfg)
+        flow = build_flow(split.spec, cfg, split.reference)
     fit = flow.fit(split.train.theta.cpu(), steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
                    ema_decay=cfg.ema_decay, generator=torch.Generator().manual_seed(seed), desc=f"flow {cfg.name}")
     return {"state": flow.state_dict(), "seconds": fit.seconds, "losses": fit.losses}

@@ -35,8 +35,7 @@ from wsbook.bayes import distances
 from wsbook.cache import cached
 from wsbook.experiments import flows, protocol, targets
 from wsbook.nets import MLPSpec, train_population
-from wsbook.weightflow import (EuclideanChart, FlatField, GeometricChart, Guidance, NeuronField, NormalizedChart,
-                               WeightFlow, gnn_field)
+from wsbook.weightflow import Guidance, WeightFlow
 
 #: recipe name -> (chart, field, coupling); names as in the thesis's Table 7.2 (every chart aligned)
 RECIPES: dict[str, tuple[str, str, str]] = {
@@ -118,15 +117,6 @@ class Budget:
     n_holdout: int
 
 
-def _training_fields(b: Budget, recipe: str | None = None) -> dict:
-    """The budget's fields that change a trained flow of ``recipe`` (the cache key of :func:`_train`)."""
-    keys = ("dim", "n_layers", "batch_size", "steps", "lr", "ema_decay", "flat_hidden", "flat_batch", "flat_steps",
-            "flat_lr", "n_holdout")
-    if recipe is not None and RECIPES[recipe][1].startswith("neuron"):
-        keys += ("neuron_hidden", "neuron_attention", "neuron_batch", "neuron_steps", "neuron_lr")
-    return {k: getattr(b, k) for k in keys}
-
-
 def budget() -> Budget:
     """The page's sizes at the current scale (the one place they are chosen)."""
     s = config.by_scale
@@ -179,50 +169,40 @@ def task_data(task: str) -> data.Dataset:
 
 
 # -------------------------------------------------------------------------------------------- flows
-def make_flow(recipe: str, spec: MLPSpec, reference: Tensor, b: Budget, dim: int | None = None) -> WeightFlow:
-    """An untrained flow of ``recipe`` (a key of :data:`RECIPES`), every chart aligned to ``reference``.
+def recipe_config(recipe: str, b: Budget | None = None, dim: int | None = None) -> flows.FlowConfig:
+    """The :class:`~wsbook.experiments.flows.FlowConfig` of ``recipe`` (a key of :data:`RECIPES`) with the
+    budget's sizes: every chart aligned to the split's reference network; the GNN and neuron fields read
+    the mean aligned network (anchored) unless the recipe says otherwise, and the unanchored ones get pairs
+    aligned to their source partner instead (equivariant flow matching, Klein et al., 2023).
 
     Args:
         recipe: the recipe's name.
-        spec: the zoo's architecture.
-        reference: the network all others are aligned to (weight matching).
-        b: the budget (field sizes).
+        b: the budget (default: the current scale's).
         dim: override of the GNN field's width (model-size sweep).
     """
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; available: {', '.join(RECIPES)}")
-    chart_kind, field_kind, coupling = RECIPES[recipe]
-    chart = {"euclidean": lambda: EuclideanChart(spec, sigma=0.1, reference=reference),
-             "normalized": lambda: NormalizedChart(spec, reference=reference),
-             "geometric": lambda: GeometricChart(spec, reference=reference)}[chart_kind]()
-    anchored = field_kind in ("gnn", "neuron_anchored")
-    if field_kind == "flat":
-        field = FlatField(spec, hidden=b.flat_hidden, depth=3)
-    elif field_kind.startswith("neuron"):
-        field = NeuronField(spec, hidden=b.neuron_hidden, attention_layers=b.neuron_attention, anchored=anchored)
+    b = budget() if b is None else b
+    chart, kind, coupling = RECIPES[recipe]
+    anchored = kind in ("gnn", "neuron_anchored")
+    if kind == "flat":
+        sizes = dict(field="flat", hidden=b.flat_hidden, depth=3, steps=b.flat_steps, batch_size=b.flat_batch,
+                     lr=b.flat_lr)
+    elif kind.startswith("neuron"):
+        sizes = dict(field="neuron", hidden=b.neuron_hidden, n_layers=b.neuron_attention, steps=b.neuron_steps,
+                     batch_size=b.neuron_batch, lr=b.neuron_lr)
     else:
-        field = gnn_field(spec, dim=dim or b.dim, n_layers=b.n_layers, anchored=anchored)
-    # an anchored GNN reads the mean aligned network; unanchored fields get pairs aligned to their source
-    # partner instead (equivariant flow matching, Klein et al., 2023)
-    return WeightFlow(chart, field, coupling=coupling, align_pairs=not anchored and field_kind != "flat")
+        sizes = dict(field="gnn", dim=dim or b.dim, n_layers=b.n_layers, steps=b.steps, batch_size=b.batch_size,
+                     lr=b.lr)
+    return flows.FlowConfig(chart=chart, aligned=True, coupling=coupling, anchored=anchored,
+                            align_pairs=not anchored and kind != "flat", ema_decay=b.ema_decay, **sizes)
 
 
-@cached("flows/mnist/train", version=7)   # 7: training runs exclude validation and test runs
-def _train(recipe: str, fields: dict, dim: int, seed: int) -> dict:
-    b = budget()
-    if _training_fields(b, recipe) != fields:
-        raise ValueError("_train: the training settings must be the current scale's budget")
-    train = split().train
-    with config.seeded(1000 + seed):
-        flow = make_flow(recipe, train.spec, train.theta[-1], b, dim)
-    kind = RECIPES[recipe][1]
-    steps, batch, lr = (b.flat_steps, b.flat_batch, b.flat_lr) if kind == "flat" else \
-        (b.neuron_steps, b.neuron_batch, b.neuron_lr) if kind.startswith("neuron") else (b.steps, b.batch_size, b.lr)
-    gen = torch.Generator().manual_seed(1000 + seed)
-    fit = flow.fit(train.theta, steps=steps, batch_size=batch, lr=lr, ema_decay=b.ema_decay, generator=gen,
-                   desc=f"flow {recipe}")
-    n_params = sum(p.numel() for p in flow.field.parameters())
-    return {"state": flow.state_dict(), "seconds": fit.seconds, "losses": fit.losses, "field_parameters": n_params}
+def make_flow(recipe: str, spec: MLPSpec, reference: Tensor, b: Budget | None = None,
+              dim: int | None = None) -> WeightFlow:
+    """An untrained flow of ``recipe`` (:func:`recipe_config`) for networks of ``spec``, aligned to
+    ``reference``."""
+    return flows.build_flow(spec, recipe_config(recipe, b, dim), reference)
 
 
 def describe(recipe: str, b: Budget | None = None) -> str:
@@ -239,21 +219,19 @@ def describe(recipe: str, b: Budget | None = None) -> str:
 
 
 def train_flow(recipe: str, dim: int | None = None, seed: int = 0) -> tuple[WeightFlow, dict]:
-    """The flow of ``recipe`` trained on the zoo's training runs (cached). Returns ``(flow, info)`` with
-    ``info`` = training seconds, per-step losses and the field's parameter count."""
-    b = budget()
-    if recipe not in RECIPES:
-        raise ValueError(f"unknown recipe {recipe!r}; available: {', '.join(RECIPES)}")
-    out = _train(recipe, _training_fields(b, recipe), dim or b.dim, seed)
-    info = {k: v for k, v in out.items() if k != "state"}
-    return WeightFlow.from_state(out["state"]), info
+    """The flow of ``recipe`` trained on the zoo's training runs by
+    :func:`wsbook.experiments.flows.train_flow` (cached). Returns ``(flow, info)`` with ``info`` = training
+    seconds, per-step losses and the field's parameter count."""
+    trained = flows.train_flow(ZOO, recipe_config(recipe, dim=dim), n_holdout=budget().n_holdout, seed=seed)
+    return trained.flow, {"seconds": trained.seconds, "losses": trained.losses,
+                          "field_parameters": sum(p.numel() for p in trained.flow.field.parameters())}
 
 
-@cached("flows/mnist/samples", version=7)   # 7: flows of the three-way split, any training seed
-def _sample(recipe: str, fields: dict, dim: int, widths: tuple[int, ...], n: int, guided: str | None,
+@cached("flows/mnist/samples", version=8)   # 8: flows trained by flows.train_flow
+def _sample(recipe: str, cfg: flows.FlowConfig, widths: tuple[int, ...], n: int, guided: str | None,
             sampler: dict, seed: int, train_seed: int) -> dict:
     b = budget()
-    flow, _ = train_flow(recipe, dim, seed=train_seed)
+    flow = flows.train_flow(ZOO, cfg, n_holdout=b.n_holdout, seed=train_seed).flow
     spec = MLPSpec(widths)
     if spec != flow.spec:
         flow = flow.with_spec(spec)
@@ -294,8 +272,8 @@ def sample_flow(recipe: str, n: int | None = None, widths: tuple[int, ...] | Non
         default = b.transfer_weight if guided == "permuted" else b.guidance_weight
         sampler["weight"] = float(default if weight is None else weight)
         sampler["guided_steps"] = b.guidance_steps if guided == "permuted" else b.sample_steps
-    out = _sample(recipe, _training_fields(b, recipe), dim or b.dim, widths, int(n or b.n_samples), guided, sampler,
-                  seed, train_seed)
+    out = _sample(recipe, recipe_config(recipe, b, dim), widths, int(n or b.n_samples), guided, sampler, seed,
+                  train_seed)
     return out["theta"], float(out["seconds"])
 
 
@@ -582,6 +560,6 @@ def field_size_sweep(recipe: str = "geometric_aligned_ot", y: Tensor | None = No
 
 
 __all__ = ["RECIPES", "TRANSFER", "UNANCHORED_GNN", "NEURON_ANCHORED", "BMA_SIZES", "describe", "Budget", "budget",
-           "split", "permuted_mnist", "task_data", "make_flow", "train_flow", "sample_flow", "probs_of", "score",
+           "split", "permuted_mnist", "task_data", "recipe_config", "make_flow", "train_flow", "sample_flow", "probs_of", "score",
            "nearest_neighbour_ratio", "bma_curve", "neuron_similarity", "assembled_networks", "width_transfer", "trained_networks",
            "init_curves", "field_size_sweep"]

@@ -427,7 +427,7 @@ def methods_table(task: str, n: int, flows: dict[str, tuple[Tensor, float]], see
     """
     from wsbook.experiments.tasks import get_task
 
-    ref0, ref1 = targets.hmc_reference(task, 0), targets.hmc_reference(task, 1)
+    ref0 = targets.hmc_reference(task, HMC_RUNS["training"])
     x = get_task(task).data().x_test
     spec = ref0.spec
     extra = {name: (targets.predictive_probs(spec, theta, x), s) for name, (theta, s) in flows.items()}

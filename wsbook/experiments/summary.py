@@ -10,7 +10,6 @@ import pandas as pd
 import torch
 
 from wsbook import config, data
-from wsbook.bayes import distances
 from wsbook.experiments import flows, tasks
 from wsbook.experiments import mnist_flows as mf
 

@@ -29,7 +29,7 @@ import math
 import torch
 from torch import Tensor
 
-from wsbook.manifolds import Euclidean, Manifold, Product, Sphere
+from wsbook.manifolds import Euclidean, Manifold, Sphere
 from wsbook.nets import MLPSpec
 from wsbook.symmetry import canonicalize, from_spheres, normalize_neurons, product_manifold, sphere_blocks, to_spheres
 from wsbook.symmetry import weight_matching

@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from wsbook import config, distributed
+from wsbook import distributed
 from wsbook.flows import (GeodesicPath, LinearPath, LikelihoodResult, ODEResult, log_likelihood, make_coupling,
                           rademacher, solve_ode)
 from wsbook.loop import EMA, Minibatches, descend, make_optimizer, to_device
