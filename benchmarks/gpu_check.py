@@ -32,7 +32,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -59,11 +58,10 @@ def flows_of(zoo: str, widths: tuple[int, ...], device: torch.device,
     ref = spec.init(1, generator=torch.Generator().manual_seed(1), device="cpu")
     if zoo == "breast_cancer":
         n, steps = summary.breast_cancer_sizes()
-        split = SimpleNamespace(spec=spec, reference=ref)       # what build_flow reads of a RunSplit
         out = []
         for kind in ("gnn", "neuron", "flat"):
             cfg = flows.flow_config("euclidean", "aligned_ot", field=kind)
-            out.append((flows.build_flow(split.spec, cfg, split.reference), dict(batch_size=cfg.batch_size, lr=cfg.lr),
+            out.append((flows.build_flow(spec, cfg, ref), dict(batch_size=cfg.batch_size, lr=cfg.lr),
                         dict(n=n, steps=steps, method="midpoint")))
     else:
         b = mnist_flows.budget()
