@@ -8,7 +8,7 @@ which only :func:`verdict_table` reads:
 * :func:`posterior_flow`: a trained, cached :class:`~wsbook.weightflow.WeightFlow` on the Euclidean or the
   Geometric chart (sizes per scale in :func:`flow_settings`) and its training seconds.
 * :func:`posterior_flow_kl`: the Euclidean flow trained further on the task's unnormalised posterior by
-  reverse KL (:meth:`~wsbook.weightflow.WeightFlow.fit_reverse_kl`; sizes in :func:`kl_settings`).
+  reverse KL (:func:`~wsbook.weightflow.variational.fit_reverse_kl`; sizes in :func:`kl_settings`).
 * :func:`posterior_flow_joint`: a Euclidean flow started at a mixture of mean-field VI fits and trained on the
   HMC draws' likelihood and the unnormalised posterior together (sizes in :func:`joint_settings`).
 * :func:`sample_flow`: networks, chart points and sampling seconds.
@@ -47,6 +47,7 @@ from wsbook.bayes.distances import median_bandwidth, median_nn_distance, mmd2
 from wsbook.cache import cached
 from wsbook.experiments import protocol, targets
 from wsbook.weightflow import EuclideanChart, FlatField, GeometricChart, NeuronGraphField, WeightFlow, gnn_field
+from wsbook.weightflow.variational import fit_reverse_kl
 
 CHARTS = ("euclidean", "geometric")
 
@@ -173,7 +174,7 @@ def _train_kl(task: str, settings: FlowSettings, kl: KLSettings, seed: int) -> d
     if isinstance(flow.field, FlatField):                 # see FlatField: contract every weight on its own
         flow.field = flow.field.with_diagonal()
     gen = torch.Generator().manual_seed(6_000 + seed)
-    fit = flow.fit_reverse_kl(get_task(task).log_posterior(), steps=kl.steps, batch_size=kl.batch_size, lr=kl.lr,
+    fit = fit_reverse_kl(flow, get_task(task).log_posterior(), steps=kl.steps, batch_size=kl.batch_size, lr=kl.lr,
                               ema_decay=kl.ema_decay, solver_steps=kl.solver_steps, generator=gen,
                               desc="posterior flow, reverse KL")
     return {"state": flow.state_dict(), "seconds": fit.seconds, "losses": fit.losses}
@@ -181,7 +182,7 @@ def _train_kl(task: str, settings: FlowSettings, kl: KLSettings, seed: int) -> d
 
 def posterior_flow_kl(task: str = "breast_cancer", seed: int = 0) -> tuple[WeightFlow, float, Tensor]:
     """The Euclidean posterior flow (:func:`posterior_flow`, trained on HMC draws) trained further on the
-    task's unnormalised posterior by reverse KL (:meth:`WeightFlow.fit_reverse_kl`, sizes from
+    task's unnormalised posterior by reverse KL (:func:`~wsbook.weightflow.variational.fit_reverse_kl`, sizes from
     :func:`kl_settings`), cached: ``(flow, seconds of the reverse-KL training, its per-step losses)``.
 
     The draws teach the flow where the posterior's mass roughly is; the density teaches it the correlations
@@ -204,7 +205,7 @@ class JointSettings:
     (:class:`~wsbook.weightflow.NeuronGraphField` with node width ``width``, edge width ``edge_dim`` and
     ``rounds`` rounds of message passing) or ``"flat"`` (the flat MLP of :func:`flow_settings` with a
     per-weight linear term; the sizes here are then unused); ``jacobian_penalty`` is that of
-    :meth:`~wsbook.weightflow.WeightFlow.fit_reverse_kl`."""
+    :func:`~wsbook.weightflow.variational.fit_reverse_kl`."""
 
     components: int
     density_steps: int
@@ -263,10 +264,10 @@ def _train_joint(task: str, settings: FlowSettings, joint: JointSettings, seed: 
     gen = torch.Generator().manual_seed(8_000 + seed)
     kw = dict(batch_size=joint.batch_size, ema_decay=joint.ema_decay, solver_steps=joint.solver_steps,
               jacobian_penalty=joint.jacobian_penalty, generator=gen)
-    first = flow.fit_reverse_kl(t.log_posterior(), steps=joint.density_steps, lr=joint.density_lr,
+    first = fit_reverse_kl(flow, t.log_posterior(), steps=joint.density_steps, lr=joint.density_lr,
                                 desc="posterior flow from VI fits, density", **kw)
     flow.field.load_state_dict(flow.ema.state_dict())     # continue from the sampling weights
-    second = flow.fit_reverse_kl(t.log_posterior(), steps=joint.steps, lr=joint.lr, networks=ref.theta,
+    second = fit_reverse_kl(flow, t.log_posterior(), steps=joint.steps, lr=joint.lr, networks=ref.theta,
                                  forward_weight=joint.forward_weight, desc="posterior flow, density and draws", **kw)
     return {"state": flow.state_dict(), "seconds": time.perf_counter() - start, "density_losses": first.losses,
             "losses": second.losses}
@@ -284,8 +285,8 @@ def posterior_flow_joint(task: str = "breast_cancer", seed: int = 0) -> tuple[We
     is symmetric and multimodal; one flow carries every component to its mode). The field's Jacobian penalty
     is high (``jacobian_penalty``): with the reverse-KL flow's small one, the neuron field learns to exploit
     the error of the few Euler steps it is trained with (measurements: docs/tuning-log.md). Reverse KL alone then
-    trains the flow (:meth:`WeightFlow.fit_reverse_kl`), and a second, shorter phase at a lower learning rate
-    adds the draws' likelihood: ``KL(q || p) + w * E_draws[-log q]`` (sizes and ``w`` from
+    trains the flow (:func:`~wsbook.weightflow.variational.fit_reverse_kl`), and a second, shorter phase at
+    a lower learning rate adds the draws' likelihood: ``KL(q || p) + w * E_draws[-log q]`` (sizes and ``w`` from
     :func:`joint_settings`). The density makes the networks fit the
     data; the draws' likelihood widens ``q`` where reverse KL alone leaves it too narrow. The seconds include
     the VI fits.

@@ -8,6 +8,8 @@
   (:class:`FlatField`).
 * :mod:`~wsbook.weightflow.flow`: :class:`WeightFlow` (fit, sample, log_prob, state_dict / from_state,
   with_spec) and the reference code's sampler, kept to measure its error.
+* :mod:`~wsbook.weightflow.variational`: a flow trained on an unnormalised log-density (reverse KL, with or
+  without samples of the target), :func:`~wsbook.weightflow.variational.fit_reverse_kl`.
 * :mod:`~wsbook.weightflow.guidance`: task-loss guidance for the whole population at once.
 * :mod:`~wsbook.weightflow.checkpoints`: a directory of ordinary PyTorch MLP ``state_dict`` files in
   (:func:`load_checkpoints`), sampled networks back out as such files (:func:`save_checkpoints`).
