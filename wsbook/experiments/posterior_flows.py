@@ -19,8 +19,9 @@ which only :func:`verdict_table` reads:
 * :func:`verdict_table`: the protocol. :func:`validation_scores` (:func:`repeated_distances` over several
   independent sets, :func:`summarise_repeats`) scores every :func:`candidates` flow on the validation run,
   :func:`select_flow` chooses, and the chosen flow, trained over fresh seeds, is judged on the test run
-  beside mean-field VI, the per-chain Gaussians and its own source; :func:`polished_comparison` (:func:`hmc_polish`): samples of the flow, VI and the prior
-  as starting points of a few exact HMC transitions; :func:`posterior_terms`, where a set of networks sits in
+  beside mean-field VI, the per-chain Gaussians and its own source; :func:`polished_comparison`
+  (:func:`hmc_polish`): samples of the flow, VI and the prior as starting points of a few exact HMC
+  transitions; :func:`posterior_terms`, where a set of networks sits in
   training log-likelihood and log prior against HMC's draws.
 * :func:`importance_sampling`: self-normalised importance weights ``p(theta | D) / q(theta)`` of the samples of
   a Euclidean flow (trained on draws, or further on the density; its exact log-density by the change of
@@ -174,16 +175,16 @@ def _train_kl(task: str, settings: FlowSettings, kl: KLSettings, seed: int) -> d
     if isinstance(flow.field, FlatField):                 # see FlatField: contract every weight on its own
         flow.field = flow.field.with_diagonal()
     gen = torch.Generator().manual_seed(6_000 + seed)
-    fit = fit_reverse_kl(flow, get_task(task).log_posterior(), steps=kl.steps, batch_size=kl.batch_size, lr=kl.lr,
-                              ema_decay=kl.ema_decay, solver_steps=kl.solver_steps, generator=gen,
-                              desc="posterior flow, reverse KL")
+    fit = fit_reverse_kl(flow, get_task(task).log_posterior(), steps=kl.steps, batch_size=kl.batch_size,
+                         lr=kl.lr, ema_decay=kl.ema_decay, solver_steps=kl.solver_steps, generator=gen,
+                         desc="posterior flow, reverse KL")
     return {"state": flow.state_dict(), "seconds": fit.seconds, "losses": fit.losses}
 
 
 def posterior_flow_kl(task: str = "breast_cancer", seed: int = 0) -> tuple[WeightFlow, float, Tensor]:
     """The Euclidean posterior flow (:func:`posterior_flow`, trained on HMC draws) trained further on the
-    task's unnormalised posterior by reverse KL (:func:`~wsbook.weightflow.variational.fit_reverse_kl`, sizes from
-    :func:`kl_settings`), cached: ``(flow, seconds of the reverse-KL training, its per-step losses)``.
+    task's unnormalised posterior by reverse KL (:func:`~wsbook.weightflow.variational.fit_reverse_kl`, sizes
+    from :func:`kl_settings`), cached: ``(flow, seconds of the reverse-KL training, its per-step losses)``.
 
     The draws teach the flow where the posterior's mass roughly is; the density teaches it the correlations
     between weights that a few thousand draws of an 802-dimensional posterior do not pin down. The loss is
@@ -265,10 +266,10 @@ def _train_joint(task: str, settings: FlowSettings, joint: JointSettings, seed: 
     kw = dict(batch_size=joint.batch_size, ema_decay=joint.ema_decay, solver_steps=joint.solver_steps,
               jacobian_penalty=joint.jacobian_penalty, generator=gen)
     first = fit_reverse_kl(flow, t.log_posterior(), steps=joint.density_steps, lr=joint.density_lr,
-                                desc="posterior flow from VI fits, density", **kw)
+                           desc="posterior flow from VI fits, density", **kw)
     flow.field.load_state_dict(flow.ema.state_dict())     # continue from the sampling weights
     second = fit_reverse_kl(flow, t.log_posterior(), steps=joint.steps, lr=joint.lr, networks=ref.theta,
-                                 forward_weight=joint.forward_weight, desc="posterior flow, density and draws", **kw)
+                            forward_weight=joint.forward_weight, desc="posterior flow, density and draws", **kw)
     return {"state": flow.state_dict(), "seconds": time.perf_counter() - start, "density_losses": first.losses,
             "losses": second.losses}
 
