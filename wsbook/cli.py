@@ -207,7 +207,8 @@ def mnist_second_task() -> None:
 
 def artifacts() -> dict[str, Artifact]:
     """The registry: every artifact by name (sizes follow the scale at the time ``compute`` runs)."""
-    from wsbook.experiments import flows, mnist_flows as mf, posterior_flows as pf, summary, targets, tasks
+    from wsbook.experiments import (flows, mnist_flows as mf, posterior_flows as pf, protocol, summary, targets,
+                                    tasks)
 
     out: list[Artifact] = []
     for name in targets.ZOOS:
@@ -246,14 +247,14 @@ def artifacts() -> dict[str, Artifact]:
     out.append(Artifact("flow/breast_cancer/steps_curve", "samples against solver steps and guidance, and Adam "
                         "runs as long (chapter 8)", bc_steps_curve))
     out.append(Artifact("verdict/breast_cancer", "the flow chosen on validation runs and the plain baseline, "
-                        f"trained with seeds {flows.SEEDS} and sampled (chapter 8's test verdict)",
+                        f"trained with seeds {protocol.SEEDS} and sampled (chapter 8's test verdict)",
                         lambda: flows.verdict_table("breast_cancer", flows.breast_cancer_candidates(),
                                                     *summary.breast_cancer_sizes())))
     for recipe in mf.RECIPES:
         out.append(Artifact(f"flow/mnist/{recipe}", f"flow {recipe} on the MNIST zoo and its samples (chapter 8b)",
                             _one_thread(lambda recipe=recipe: (mf.train_flow(recipe), mf.sample_flow(recipe)))))
     out.append(Artifact("verdict/mnist5k", "the MNIST flow chosen on validation data and the plain baseline, trained "
-                        f"with seeds {flows.SEEDS} and sampled (chapter 8b's test verdict)",
+                        f"with seeds {protocol.SEEDS} and sampled (chapter 8b's test verdict)",
                         _one_thread(mf.verdict_table)))
     out.append(Artifact("flow/mnist/guidance", "the best MNIST flow's samples guided by the task loss, every weight "
                         "the validation split chooses from (chapter 8b)", _one_thread(mnist_guidance)))
@@ -272,7 +273,7 @@ def artifacts() -> dict[str, Artifact]:
     out.append(Artifact("flow/posterior/joint", "the posterior flow trained on HMC draws and the posterior density "
                         "together (chapters 8c, 9)", _one_thread(lambda: pf.posterior_flow_joint(BC))))
     out.append(Artifact("verdict/posterior", "the posterior flow chosen on the validation HMC run, trained with "
-                        f"seeds {pf.protocol.SEEDS} and judged on the test run beside VI (chapters 8c, 9)",
+                        f"seeds {protocol.SEEDS} and judged on the test run beside VI (chapters 8c, 9)",
                         _one_thread(lambda: pf.verdict_table(BC))))
     out.append(Artifact("flow/posterior/importance", "importance weights of the three Euclidean posterior flows' "
                         "samples, and the ELBOs (chapters 8c, 9)",

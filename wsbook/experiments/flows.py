@@ -570,11 +570,10 @@ def test_report(split: protocol.RunSplit, sets: dict[str, list[Tensor]], n: int,
                                  mmd_goal=mmd_goal, nn_goal=nn_goal, anchor=anchor)
 
 
-SEEDS = protocol.SEEDS
 
 
 def verdict_table(zoo_name: str, candidates: dict[str, FlowConfig], n: int, steps: int, *,
-                  baselines: tuple[str, ...] = ("plain baseline",), seeds: tuple[int, ...] = SEEDS, **goals):
+                  baselines: tuple[str, ...] = ("plain baseline",), seeds: tuple[int, ...] = protocol.SEEDS, **goals):
     """The protocol end to end: choose on validation runs, train the chosen flow over ``seeds``, judge on
     test runs.
 
@@ -659,5 +658,5 @@ def adam_curve(zoo_name: str, steps_list: tuple[int, ...], n: int, seed: int = 0
 __all__ = ["FlowConfig", "flow_config", "extended_config", "EXTENDED_STEPS", "baseline_config", "VARIANTS",
            "solver_steps", "zoo_split", "build_field", "build_flow",
            "TrainedFlow", "train_flow", "sample_flow", "References", "references", "score", "score_draws",
-           "target_rows", "CONTROLS", "control_sets", "test_report", "verdict_table", "SEEDS",
+           "target_rows", "CONTROLS", "control_sets", "test_report", "verdict_table",
            "breast_cancer_candidates", "nn_ratio_interval", "steps_curve", "adam_curve"]

@@ -373,7 +373,7 @@ def validation_accuracy(recipe: str) -> float:
                             split="val").accuracy
 
 
-def verdict_table(seeds: tuple[int, ...] = flows.SEEDS):
+def verdict_table(seeds: tuple[int, ...] = protocol.SEEDS):
     """The page's verdict: the recipe whose seed-0 networks are most accurate on the validation split of the
     data is chosen, trained with fresh ``seeds`` beside the plain baseline and judged on the test runs by
     :func:`wsbook.experiments.flows.test_report` (test inputs; MMD^2 to the test runs over the perfect

@@ -612,8 +612,8 @@ def _test_table(test: "targets.Reference", *, task: str, sets: dict[str, list[Te
     rows = {}
     for name, thetas in sets.items():
         tv, mm = zip(*(to_test(targets.predictive_probs(spec, t, x)) for t in thetas))
-        rows[name] = {"seeds": len(thetas), "tv": protocol.mean_se(tv)[0], "tv_se": protocol.mean_se(tv)[1],
-                      "mmd2": protocol.mean_se(mm)[0], "mmd2_se": protocol.mean_se(mm)[1]}
+        (tv_mean, tv_se), (mm_mean, mm_se) = protocol.mean_se(tv), protocol.mean_se(mm)
+        rows[name] = {"seeds": len(thetas), "tv": tv_mean, "tv_se": tv_se, "mmd2": mm_mean, "mmd2_se": mm_se}
     table = pd.DataFrame(rows).T
     for other, against in ((VI_ROW, "VI"), (MIXTURE_ROW, "per-chain gaussians")):
         for col, measure in (("tv", "TV"), ("mmd2", "MMD²")):

@@ -245,4 +245,5 @@ def select_best(scores: dict[str, dict], key: str, *, admissible: Callable[[dict
 
 
 __all__ = ["SealedSplitError", "Sealed", "final_report", "RunSplit", "split_runs", "Floor", "iid_rows",
-           "perfect_generator_floor", "mean_se", "verdict", "versus", "versus_column", "bound_verdict", "select_best", "VERDICTS", "SEEDS"]
+           "perfect_generator_floor", "mean_se", "verdict", "versus", "versus_column", "bound_verdict", "select_best",
+           "VERDICTS", "SEEDS"]
