@@ -11,9 +11,10 @@ above 1 means ours is faster).
   two parts of one batch; identical outputs, tested in ``tests/test_graphs.py``).
 * ``field_step_rt_vs_pna``: seconds per training step of the Relational Transformer (ours) against PNA
   at equal width and depth (the measurement behind the field's default layer).
-* ``posterior_sample_<task>_<flow>_flow_<steps>_midpoint_steps``: seconds per independent network drawn
-  from a *trained* posterior flow of chapter 8c (``<flow>``: ``euclidean`` and ``geometric``, trained on
-  HMC draws; ``reverse_kl``, the Euclidean one trained further on the density; ``draws_and_density``),
+* ``posterior_sample_<task>_<flow>_<steps>_midpoint_steps``: seconds per independent network drawn
+  from a *trained* posterior flow of chapter 8c (``<flow>``: ``euclidean_flow`` and ``geometric_flow``,
+  trained on HMC draws; ``euclidean_flow_reverse_kl``, the Euclidean one trained further on the density;
+  ``flow_draws_density``),
   loaded from the cache or trained once at the current scale, 1,000 networks at once with the chapter's
   solver and steps (ours), against HMC's seconds per effective sample (wall time of the whole reference
   run 0, starting points, pilot and warm-up included, over the median function-space ESS; baseline).
@@ -33,6 +34,7 @@ breast cancer only for the posterior); ``default`` runs the sizes above (MNIST n
 from __future__ import annotations
 
 import os
+import re
 
 import torch
 
@@ -98,7 +100,7 @@ def total_memory() -> float:
 
 
 def _slug(name: str) -> str:
-    return name.lower().replace(" + ", "_and_").replace(" ", "_")
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
 def posterior_sample(task_name: str) -> None:
@@ -111,15 +113,15 @@ def posterior_sample(task_name: str) -> None:
     ref = targets.hmc_reference(task_name, 0)
     n_timed, n_chapter = 1000, tasks.posterior_sample_size()
     steps = pf.flow_settings().sample_steps
-    for name in pf.COST_FLOWS if task_name == "breast_cancer" else ("euclidean",):
-        flow, train_seconds = pf.cost_flow(task_name, name)         # the cached flow, or trained once now
+    for name in pf.FLOWS if task_name == "breast_cancer" else ("euclidean flow",):
+        flow, train_seconds, _ = pf.train_posterior_flow(task_name, name)    # cached, or trained once now
         gen = torch.Generator().manual_seed(1)
         pf.sample_flow(flow, n_timed, gen, steps)                                   # warm-up
         per_network = min(pf.sample_flow(flow, n_timed, gen, steps)[2] for _ in range(2)) / n_timed
         c = pf.cost(train_seconds, per_network * n_chapter, n_chapter, task_name)
         hmc = c["hmc_seconds_per_ess"]
         slug = _slug(name)
-        print(f"posterior_sample_{task_name}_{slug}_flow_{steps}_{METHOD}_steps, {per_network:.5f}, {hmc:.5f}, "
+        print(f"posterior_sample_{task_name}_{slug}_{steps}_{METHOD}_steps, {per_network:.5f}, {hmc:.5f}, "
               f"{hmc / per_network:.1f}")
         for n, per_sample, ratio in ((c["n"], c["seconds_per_sample_n"], c["ratio_n"]),
                                      (c["n_more"], c["seconds_per_sample_more"], c["ratio_more"])):

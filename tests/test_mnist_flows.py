@@ -61,7 +61,7 @@ def test_recipes_and_errors():
     with pytest.raises(ValueError, match="unknown recipe"):
         mf.make_flow("nope", spec, ref[0], b)
     with pytest.raises(ValueError, match="unknown recipe"):
-        mf.train_flow("nope")
+        mf.sample_flow("nope")
     with pytest.raises(ValueError, match="task must be"):
         mf.task_data("fashion")
 

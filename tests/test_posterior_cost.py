@@ -112,6 +112,6 @@ def test_sampling_cost_gives_a_table_or_the_refusal_per_task(monkeypatch):
 
     monkeypatch.setattr(pf, "cost_inputs", inputs)
     out = summary.sampling_cost()
-    assert asked == [("breast_cancer", pf.COST_FLOWS)]
-    assert list(out["breast_cancer"].index) == list(pf.COST_FLOWS)
+    assert asked == [("breast_cancer", pf.FLOWS)]
+    assert list(out["breast_cancer"].index) == list(pf.FLOWS)
     assert out["mnist5k"].startswith("no MNIST cost can be measured")

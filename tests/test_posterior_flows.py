@@ -19,8 +19,8 @@ def test_auroc_orders_and_ties():
 
 
 def test_bad_arguments_are_rejected_before_work():
-    with pytest.raises(ValueError, match="chart must be one of"):
-        pf.posterior_flow("breast_cancer", "normalized")
+    with pytest.raises(ValueError, match="unknown posterior flow"):
+        pf.train_posterior_flow("breast_cancer", "normalized flow")
     with pytest.raises(ValueError, match="not among"):
         pf.detection_table(sets={"a": torch.zeros(2, 3)}, positive="held-out HMC draws")
     with pytest.raises(ValueError, match="at least 2"):
@@ -114,7 +114,7 @@ def test_joint_flow_starts_at_a_vi_mixture_and_trains_on_draws_and_density(monke
     draws = q.sample(64, torch.Generator().manual_seed(1)).samples
     monkeypatch.setattr(pf.targets, "hmc_reference", lambda task, seed: SimpleNamespace(theta=draws))
     monkeypatch.setattr(pf, "joint_settings", lambda: pf.JointSettings(2, 1, 1e-12, 2, 1e-12, 256, 0.9, 4, 1.0))
-    flow, seconds, losses = pf.posterior_flow_joint("breast_cancer")
+    flow, seconds, losses = pf.train_posterior_flow("breast_cancer", pf.DENSITY_FLOWS[0])
     assert losses.shape == (2, 2) and torch.isfinite(losses).all() and seconds > 0
     assert flow.chart.n_components == 2
     assert torch.equal(flow.chart.loc, q.mean) and torch.equal(flow.chart.sigma, q.std)

@@ -99,25 +99,24 @@ def _bc_sample_seeds() -> tuple[int, ...]:
 def bc_more_draws() -> None:
     """Chapter 8's further draws of the extended graph-network flow and of the headline neuron flow
     (``flows.score_draws`` with its default sample seeds, at the table's size and solver steps)."""
-    from wsbook.experiments import flows, summary
+    from wsbook.experiments import flows, pipeline, summary
 
     n_gen, steps = summary.breast_cancer_sizes()
-    configs = flows.breast_cancer_candidates()
     long = f"{flows.flow_config('euclidean', 'aligned_ot').name}, extended"      # chapter 8's LONG
     for label in (long, flows.neuron_config().name):                             # ... and NEURON
         for k in _bc_sample_seeds():
-            flows.sample_flow(BC, configs[label], n_gen, steps=steps, sample_seed=k)
+            pipeline.sample(BC, label, n_gen, steps=steps, sample_seed=k)
 
 
 def bc_source_scale() -> None:
     """Chapter 8's source-scale table: the plain baseline and the headline neuron flow at the table's
     Euclidean source scale and at narrower ones, each trained and drawn over ``score_draws``' seeds."""
-    from wsbook.experiments import flows, summary
+    from wsbook.experiments import flows, pipeline, summary
 
     n_gen, steps = summary.breast_cancer_sizes()
     configs = flows.breast_cancer_candidates()
     neuron = flows.neuron_config().name
-    table_sigma = flows.train_flow(BC, configs[neuron]).flow.chart.sigma
+    table_sigma = pipeline.train(BC, neuron).flow.chart.sigma
     scales = config.by_scale(ci=(0.05,), default=(0.03, 0.05), full=(0.03, 0.05))   # chapter 8's `scales`
     make = {"plain baseline": flows.baseline_config, neuron: flows.neuron_config}
     for label in make:
@@ -141,9 +140,20 @@ def bc_steps_curve() -> None:
     flows.adam_curve(BC, steps_list, n_steps_nets)
 
 
+#: the artifact-name prefix of each target's flows
+FLOW_PREFIX = {"breast_cancer": "flow/breast_cancer/", "mnist5k": "flow/mnist/",
+               "posterior/breast_cancer": "flow/posterior/"}
+
+
+def flow_artifact(target: str, name: str) -> str:
+    """The artifact of the flow ``name`` of ``target`` (:func:`wsbook.experiments.pipeline.recipes`), e.g.
+    ``flow/breast_cancer/plain_baseline`` or ``flow/posterior/flow_draws_density``."""
+    return FLOW_PREFIX[target] + "_".join(name.lower().replace(",", " ").replace("+", " ").split())
+
+
 def bc_flow_artifact(label: str) -> str:
     """The artifact of the breast-cancer candidate flow ``label`` (``flow/breast_cancer/plain_baseline``)."""
-    return "flow/breast_cancer/" + label.replace(", ", "_").replace(" ", "_")
+    return flow_artifact(BC, label)
 
 
 def mnist_best() -> str:
@@ -169,12 +179,12 @@ def _mnist_chapter_draws():
 def mnist_guidance() -> None:
     """Chapter 8b's guided samples of the best recipe: every weight of the budget's grid
     (``mf.guidance_by_validation``) and the chosen one."""
-    from wsbook.experiments import mnist_flows as mf
+    from wsbook.experiments import mnist_flows as mf, pipeline
 
     split, pick, _ = _mnist_chapter_draws()
     best = mnist_best()
     choice = mf.guidance_by_validation(best, split.train.theta[pick])
-    mf.sample_flow(best, guided="mnist", weight=choice["chosen"])
+    pipeline.sample(mf.ZOO, best, guided="mnist", weight=choice["chosen"])
 
 
 def mnist_second_task() -> None:
@@ -184,7 +194,7 @@ def mnist_second_task() -> None:
     import torch
 
     import wsbook.symmetry
-    from wsbook.experiments import mnist_flows as mf, targets
+    from wsbook.experiments import mnist_flows as mf, pipeline, targets
 
     b = mf.budget()
     split, pick, generator = _mnist_chapter_draws()
@@ -192,8 +202,8 @@ def mnist_second_task() -> None:
     perm = mf.permuted_mnist()
     zoo = targets.ZOOS[mf.ZOO]
     zoo_steps = zoo.epochs * (perm.x_train.shape[0] // zoo.batch_size)
-    plain2, _ = mf.sample_flow(best, n=n2)
-    guided2, _ = mf.sample_flow(best, n=n2, guided="permuted")
+    plain2, _ = pipeline.sample(mf.ZOO, best, n2)
+    guided2, _ = pipeline.sample(mf.ZOO, best, n2, guided="permuted")
     for steps in (b.guidance_steps, zoo_steps):
         mf.trained_networks("permuted", spec.widths, n2, steps)
     zoo_scale = [t.mean() for t in wsbook.symmetry.neuron_norms(spec, split.train.theta)]
@@ -207,8 +217,8 @@ def mnist_second_task() -> None:
 
 def artifacts() -> dict[str, Artifact]:
     """The registry: every artifact by name (sizes follow the scale at the time ``compute`` runs)."""
-    from wsbook.experiments import (flows, mnist_flows as mf, posterior_flows as pf, protocol, summary, targets,
-                                    tasks)
+    from wsbook.experiments import (flows, mnist_flows as mf, pipeline, posterior_flows as pf, protocol, summary,
+                                    targets, tasks)
 
     out: list[Artifact] = []
     for name in targets.ZOOS:
@@ -229,17 +239,21 @@ def artifacts() -> dict[str, Artifact]:
                             lambda method=method: tasks.posterior_run(
                                 "breast_cancer", method, tasks.posterior_sample_size())))
 
-    def bc_flow(cfg_of: Callable[[], Any]) -> Callable[[], Any]:
+    def train_and_sample(target: str, name: str) -> Callable[[], Any]:
         def run():
-            cfg = cfg_of()
-            n_gen, steps = summary.breast_cancer_sizes()
-            flows.train_flow("breast_cancer", cfg)
-            return flows.sample_flow("breast_cancer", cfg, n_gen, steps=steps)
-        return run
+            pipeline.train(target, name)
+            if target == BC:
+                return pipeline.sample(target, name, summary.breast_cancer_sizes()[0])
+            if target == mf.ZOO:
+                return pipeline.sample(target, name)
+        return run if target == BC else _one_thread(run)
 
-    for label, cfg in flows.breast_cancer_candidates().items():
-        out.append(Artifact(bc_flow_artifact(label), f"flow {label} on the breast-cancer zoo and its samples "
-                            "(chapters 8, 9)", bc_flow(lambda label=label: flows.breast_cancer_candidates()[label])))
+    chapters = {BC: "chapters 8, 9", mf.ZOO: "chapter 8b", f"posterior/{BC}": "chapters 8c, 9"}
+    for target in pipeline.TARGETS:
+        for name, recipe in pipeline.recipes(target).items():
+            what = "its samples" if target in pipeline.ZOO_TARGETS else f"trained on {recipe.objective}"
+            out.append(Artifact(flow_artifact(target, name), f"flow {name} on {target}, {what} ({chapters[target]})",
+                                train_and_sample(target, name)))
     out.append(Artifact("flow/breast_cancer/more_draws", "further draws of the extended graph-network flow and "
                         "the headline neuron flow (chapter 8)", bc_more_draws))
     out.append(Artifact("flow/breast_cancer/source_scale", "the plain baseline and the headline neuron flow at "
@@ -250,9 +264,6 @@ def artifacts() -> dict[str, Artifact]:
                         f"trained with seeds {protocol.SEEDS} and sampled (chapter 8's test verdict)",
                         lambda: flows.verdict_table("breast_cancer", flows.breast_cancer_candidates(),
                                                     *summary.breast_cancer_sizes())))
-    for recipe in mf.RECIPES:
-        out.append(Artifact(f"flow/mnist/{recipe}", f"flow {recipe} on the MNIST zoo and its samples (chapter 8b)",
-                            _one_thread(lambda recipe=recipe: (mf.train_flow(recipe), mf.sample_flow(recipe)))))
     out.append(Artifact("verdict/mnist5k", "the MNIST flow chosen on validation data and the plain baseline, trained "
                         f"with seeds {protocol.SEEDS} and sampled (chapter 8b's test verdict)",
                         _one_thread(mf.verdict_table)))
@@ -264,14 +275,6 @@ def artifacts() -> dict[str, Artifact]:
                         "SGD runs from them and from the other starts (chapter 8b)", _one_thread(mnist_second_task)))
     out.append(Artifact("flow/mnist/field_size", "geometric_aligned_ot with GNN fields of several widths, trained "
                         "and sampled (chapter 8b)", _one_thread(lambda: mf.field_size_sweep("geometric_aligned_ot"))))
-    for chart in pf.CHARTS:
-        out.append(Artifact(f"flow/posterior/{chart}", f"{chart} flow on the HMC draws of breast cancer (chapter 8c)",
-                            _one_thread(lambda chart=chart: pf.posterior_flow(BC, chart))))
-    out.append(Artifact("flow/posterior/reverse_kl", "the Euclidean posterior flow trained further on the "
-                        "breast-cancer posterior by reverse KL (chapters 8c, 9)",
-                        _one_thread(lambda: pf.posterior_flow_kl(BC))))
-    out.append(Artifact("flow/posterior/joint", "the posterior flow trained on HMC draws and the posterior density "
-                        "together (chapters 8c, 9)", _one_thread(lambda: pf.posterior_flow_joint(BC))))
     out.append(Artifact("verdict/posterior", "the posterior flow chosen on the validation HMC run, trained with "
                         f"seeds {protocol.SEEDS} and judged on the test run beside VI (chapters 8c, 9)",
                         _one_thread(lambda: pf.verdict_table(BC))))
@@ -289,7 +292,7 @@ def artifacts() -> dict[str, Artifact]:
 
 def groups() -> dict[str, Callable[[], list[str]]]:
     """Named groups of artifacts (evaluated at the current scale: chapter 8b's recipes depend on it)."""
-    from wsbook.experiments import flows, mnist_flows as mf, targets
+    from wsbook.experiments import flows, mnist_flows as mf, posterior_flows as pf, targets
 
     def zoos() -> list[str]:
         return [f"zoo/{z}" for z in targets.ZOOS]
@@ -314,8 +317,8 @@ def groups() -> dict[str, Callable[[], list[str]]]:
         "chapter/09": lambda: [*zoos(), "hmc/breast_cancer/*", "hmc/mnist5k/0", "posterior/breast_cancer/*",
                                *map(bc_flow_artifact, flows.breast_cancer_candidates()), "verdict/breast_cancer",
                                *mnist_flows(), "verdict/mnist5k", "flow/mnist/width_transfer",
-                               *(f"flow/posterior/{p}" for p in ("euclidean", "geometric", "reverse_kl", "joint",
-                                                                 "importance", "mnist5k_cost")),
+                               *(flow_artifact(f"posterior/{BC}", name) for name in pf.FLOWS),
+                               "flow/posterior/importance", "flow/posterior/mnist5k_cost",
                                "verdict/posterior"],
     }
 

@@ -7,9 +7,10 @@ Everything the page computes that costs more than a second lives here, cached wi
   batch 8, so ``default`` trains small fields for a few hundred steps; ``full`` holds the thesis's sizes.
 * :func:`split`: the 784-10-10 zoo split by whole runs into training, validation and (sealed) test runs
   (:mod:`wsbook.experiments.protocol`).
-* :func:`train_flow` / :func:`sample_flow`: one recipe (chart, field, coupling; the names of the thesis's
-  Table 7.2 rows, plus ``plain_baseline``) trained on the training part and sampled, optionally for
-  another hidden width (:meth:`WeightFlow.with_spec`) and with task-loss guidance.
+* :func:`recipe_config` / :func:`sample_flow`: one recipe (chart, field, coupling; the names of the thesis's
+  Table 7.2 rows, plus ``plain_baseline``) as a :class:`~wsbook.experiments.flows.FlowConfig`, and its
+  samples, optionally for another hidden width (:meth:`WeightFlow.with_spec`) and with task-loss guidance.
+  Chapters train and sample through :mod:`wsbook.experiments.pipeline` (target ``"mnist5k"``).
 * :func:`width_transfer`: Table 7.4, :data:`TRANSFER` (the DeepSets field over hidden neurons,
   :class:`~wsbook.weightflow.NeuronField`) trained on 784-10-10 and sampling 784-32-10.
 * :func:`score`, :func:`bma_curve`: per-network and model-averaged accuracy / NLL, diversity (mean pairwise
@@ -218,15 +219,6 @@ def describe(recipe: str, b: Budget | None = None) -> str:
     return f"a GNN field of width {b.dim} with {layers}, trained for {b.steps} steps of {b.batch_size}"
 
 
-def train_flow(recipe: str, dim: int | None = None, seed: int = 0) -> tuple[WeightFlow, dict]:
-    """The flow of ``recipe`` trained on the zoo's training runs by
-    :func:`wsbook.experiments.flows.train_flow` (cached). Returns ``(flow, info)`` with ``info`` = training
-    seconds, per-step losses and the field's parameter count."""
-    trained = flows.train_flow(ZOO, recipe_config(recipe, dim=dim), n_holdout=budget().n_holdout, seed=seed)
-    return trained.flow, {"seconds": trained.seconds, "losses": trained.losses,
-                          "field_parameters": sum(p.numel() for p in trained.flow.field.parameters())}
-
-
 @cached("flows/mnist/samples", version=8)   # 8: flows trained by flows.train_flow
 def _sample(recipe: str, cfg: flows.FlowConfig, widths: tuple[int, ...], n: int, guided: str | None,
             sampler: dict, seed: int, train_seed: int) -> dict:
@@ -261,7 +253,7 @@ def sample_flow(recipe: str, n: int | None = None, widths: tuple[int, ...] | Non
         dim: the field width (model-size sweep; default the budget's).
         seed: the source points and guidance minibatches.
         weight: the guidance's lambda (default: the budget's for that task).
-        train_seed: the training run of the flow (:func:`train_flow`'s ``seed``).
+        train_seed: the training run of the flow (``seed`` of :func:`wsbook.experiments.flows.train_flow`).
     """
     b = budget()
     widths = tuple(widths or targets.ZOOS[ZOO].widths)
@@ -551,15 +543,16 @@ def field_size_sweep(recipe: str = "geometric_aligned_ot", y: Tensor | None = No
     spec = MLPSpec(targets.ZOOS[ZOO].widths)
     rows = []
     for dim in b.field_dims:
-        _, info = train_flow(recipe, dim=dim)
+        trained = flows.train_flow(ZOO, recipe_config(recipe, b, dim), n_holdout=b.n_holdout)
         theta, _ = sample_flow(recipe, dim=dim)
         row = score(probs_of(spec, theta, ds), ds.y_test)
-        rows.append(dict(dim=dim, field_parameters=info["field_parameters"], train_seconds=info["seconds"],
-                         final_loss=float(info["losses"][-max(1, len(info["losses"]) // 10):].mean()), **row))
+        losses = trained.losses[-max(1, len(trained.losses) // 10):]
+        rows.append(dict(dim=dim, field_parameters=sum(p.numel() for p in trained.flow.field.parameters()),
+                         train_seconds=trained.seconds, final_loss=float(losses.mean()), **row))
     return rows
 
 
 __all__ = ["RECIPES", "TRANSFER", "UNANCHORED_GNN", "NEURON_ANCHORED", "BMA_SIZES", "describe", "Budget", "budget",
-           "split", "permuted_mnist", "task_data", "recipe_config", "make_flow", "train_flow", "sample_flow", "probs_of", "score",
+           "split", "permuted_mnist", "task_data", "recipe_config", "make_flow", "sample_flow", "probs_of", "score",
            "nearest_neighbour_ratio", "bma_curve", "neuron_similarity", "assembled_networks", "width_transfer", "trained_networks",
            "init_curves", "field_size_sweep"]

@@ -5,13 +5,13 @@ seed 0) and scored like every other approximate-inference method against indepen
 (:data:`HMC_RUNS`): the validation run (seed 1), on which every choice is made, and the test run (seed 2),
 which only :func:`verdict_table` reads:
 
-* :func:`posterior_flow`: a trained, cached :class:`~wsbook.weightflow.WeightFlow` on the Euclidean or the
-  Geometric chart (sizes per scale in :func:`flow_settings`) and its training seconds.
-* :func:`posterior_flow_kl`: the Euclidean flow trained further on the task's unnormalised posterior by
-  reverse KL (:func:`~wsbook.weightflow.variational.fit_reverse_kl`; sizes in :func:`kl_settings`).
-* :func:`posterior_flow_joint`: a Euclidean flow started at a mixture of mean-field VI fits and trained on the
-  HMC draws' likelihood and the unnormalised posterior together (sizes in :func:`joint_settings`).
-* :func:`sample_flow`: networks, chart points and sampling seconds.
+* :func:`train_posterior_flow`: the four flows of :data:`FLOWS`, trained and cached (chapters reach them
+  through :mod:`wsbook.experiments.pipeline`): flow matching on the training run's draws on the Euclidean
+  or the Geometric chart (sizes per scale in :func:`flow_settings`), the Euclidean one trained further on
+  the task's unnormalised posterior by reverse KL (sizes in :func:`kl_settings`), and a flow started at a
+  mixture of mean-field VI fits and trained on the draws' likelihood and the posterior together (sizes in
+  :func:`joint_settings`).
+* :func:`sample_flow`: networks of a trained flow, their chart points and the sampling seconds.
 * :func:`gaussian_fits`: a full-covariance Gaussian fit of the HMC draws and a mixture of one per chain, the
   yardsticks of what a density estimate of the draws must capture.
 * :func:`methods_table`: the results chapter's methods table (:func:`targets.methods_against_reference`)
@@ -91,9 +91,9 @@ def flow_settings() -> FlowSettings:
 @dataclass(frozen=True)
 class KLSettings:
     """Sizes of the reverse-KL training of the Euclidean posterior flow on the unnormalised posterior
-    (:func:`posterior_flow_kl`; set per scale by :func:`kl_settings`): Adam ``steps``, samples per step
-    ``batch_size``, learning rate ``lr``, EMA decay ``ema_decay``, Euler steps of the path during training
-    ``solver_steps``."""
+    (``"euclidean flow + reverse KL"`` of :func:`train_posterior_flow`; set per scale by
+    :func:`kl_settings`): Adam ``steps``, samples per step ``batch_size``, learning rate ``lr``, EMA decay
+    ``ema_decay``, Euler steps of the path during training ``solver_steps``."""
 
     steps: int
     batch_size: int
@@ -150,27 +150,11 @@ def _train(task: str, chart: str, settings: FlowSettings, seed: int) -> dict:
     return {"state": flow.state_dict(), "seconds": time.perf_counter() - start, "losses": fit.losses}
 
 
-def posterior_flow(task: str = "breast_cancer", chart: str = "euclidean", seed: int = 0) -> tuple[WeightFlow, float]:
-    """A flow trained on the draws of ``hmc_reference(task, seed=0)``, cached: ``(flow, training seconds)``
-    (the seconds include aligning the draws to the chart's reference).
-
-    Args:
-        task: a task with a reference HMC run (``"breast_cancer"``; ``"mnist5k"`` at `full`).
-        chart: ``"euclidean"`` (aligned weights, Gaussian source with the prior's scale; has a density on
-            ``R^D``) or ``"geometric"`` (canonical networks on the product of neuron spheres).
-        seed: seeds training.
-    """
-    if chart not in CHARTS:
-        raise ValueError(f"chart must be one of {CHARTS}; got {chart!r}")
-    out = _train(task, chart, flow_settings(), seed)
-    return WeightFlow.from_state(out["state"]), float(out["seconds"])
-
-
 @cached("flows/posterior_kl", version=2)   # 2: flat fields get a per-weight linear term
 def _train_kl(task: str, settings: FlowSettings, kl: KLSettings, seed: int) -> dict:
     from wsbook.experiments.tasks import get_task
 
-    flow, _ = posterior_flow(task, "euclidean", seed)
+    flow = train_posterior_flow(task, "euclidean flow", seed)[0]
     flow.field.load_state_dict(flow.ema.state_dict())     # continue from the sampling weights
     if isinstance(flow.field, FlatField):                 # see FlatField: contract every weight on its own
         flow.field = flow.field.with_diagonal()
@@ -181,32 +165,17 @@ def _train_kl(task: str, settings: FlowSettings, kl: KLSettings, seed: int) -> d
     return {"state": flow.state_dict(), "seconds": fit.seconds, "losses": fit.losses}
 
 
-def posterior_flow_kl(task: str = "breast_cancer", seed: int = 0) -> tuple[WeightFlow, float, Tensor]:
-    """The Euclidean posterior flow (:func:`posterior_flow`, trained on HMC draws) trained further on the
-    task's unnormalised posterior by reverse KL (:func:`~wsbook.weightflow.variational.fit_reverse_kl`, sizes
-    from :func:`kl_settings`), cached: ``(flow, seconds of the reverse-KL training, its per-step losses)``.
-
-    The draws teach the flow where the posterior's mass roughly is; the density teaches it the correlations
-    between weights that a few thousand draws of an 802-dimensional posterior do not pin down. The loss is
-    ``E_q[log q - log p(theta, D)]``, the reverse KL up to the log evidence. A flat field gets a per-weight
-    linear term first (:meth:`FlatField.with_diagonal`, zero at the start: the same flow); the GNN field of
-    the `full` scale is trained as it is (a per-weight term would break its permutation equivariance).
-    """
-    out = _train_kl(task, flow_settings(), kl_settings(), seed)
-    return WeightFlow.from_state(out["state"]), float(out["seconds"]), out["losses"]
-
-
 @dataclass(frozen=True)
 class JointSettings:
-    """Sizes of the flow trained on HMC draws and the posterior density (:func:`posterior_flow_joint`; set per
-    scale by :func:`joint_settings`): a source of ``components`` mean-field VI fits, ``density_steps`` Adam steps
-    of reverse KL alone at learning rate ``density_lr``, then ``steps`` of reverse KL plus ``forward_weight``
-    times the draws' negative log-likelihood at ``lr``; samples and draws per step ``batch_size``, EMA decay
-    ``ema_decay``, Euler steps of the path ``solver_steps``. The field (:func:`joint_field`) is ``"neuron"``
-    (:class:`~wsbook.weightflow.NeuronGraphField` with node width ``width``, edge width ``edge_dim`` and
-    ``rounds`` rounds of message passing) or ``"flat"`` (the flat MLP of :func:`flow_settings` with a
-    per-weight linear term; the sizes here are then unused); ``jacobian_penalty`` is that of
-    :func:`~wsbook.weightflow.variational.fit_reverse_kl`."""
+    """Sizes of the flow trained on HMC draws and the posterior density (``"flow, draws + density"`` of
+    :func:`train_posterior_flow`; set per scale by :func:`joint_settings`): a source of ``components``
+    mean-field VI fits, ``density_steps`` Adam steps of reverse KL alone at learning rate ``density_lr``, then
+    ``steps`` of reverse KL plus ``forward_weight`` times the draws' negative log-likelihood at ``lr``; samples
+    and draws per step ``batch_size``, EMA decay ``ema_decay``, Euler steps of the path ``solver_steps``. The
+    field (:func:`joint_field`) is ``"neuron"`` (:class:`~wsbook.weightflow.NeuronGraphField` with node width
+    ``width``, edge width ``edge_dim`` and ``rounds`` rounds of message passing) or ``"flat"`` (the flat MLP
+    of :func:`flow_settings` with a per-weight linear term; the sizes here are then unused);
+    ``jacobian_penalty`` is that of :func:`~wsbook.weightflow.variational.fit_reverse_kl`."""
 
     components: int
     density_steps: int
@@ -237,9 +206,9 @@ def joint_settings() -> JointSettings:
 
 
 def joint_field(spec, joint: JointSettings, settings: FlowSettings | None = None):
-    """The untrained field of :func:`posterior_flow_joint` for networks of ``spec``: zero everywhere, so the flow
-    starts as its source (sizes from ``joint``; the flat field's from ``settings``, default
-    :func:`flow_settings`)."""
+    """The untrained field of the joint flow (:func:`train_posterior_flow`) for networks of ``spec``: zero
+    everywhere, so the flow starts as its source (sizes from ``joint``; the flat field's from ``settings``,
+    default :func:`flow_settings`)."""
     if joint.field == "neuron":
         return NeuronGraphField(spec, hidden=joint.width, edge_dim=joint.edge_dim, rounds=joint.rounds).zero_()
     if joint.field == "flat":
@@ -274,25 +243,46 @@ def _train_joint(task: str, settings: FlowSettings, joint: JointSettings, seed: 
             "losses": second.losses}
 
 
-def posterior_flow_joint(task: str = "breast_cancer", seed: int = 0) -> tuple[WeightFlow, float, Tensor]:
-    """A Euclidean flow trained on the task's unnormalised posterior and on the HMC draws of
-    ``hmc_reference(task, seed=0)``, cached: ``(flow, seconds, per-step losses [steps, 2])`` of the second
-    phase (reverse KL up to the log evidence; the draws' mean negative log-likelihood).
+#: the rows of the flows trained on the density: draws and density together, and reverse KL after the draws
+DENSITY_FLOWS = ("flow, draws + density", "euclidean flow + reverse KL")
+#: every posterior flow by its table name (the recipes of :mod:`wsbook.experiments.pipeline`)
+FLOWS = (*(f"{chart} flow" for chart in CHARTS), DENSITY_FLOWS[1], DENSITY_FLOWS[0])
 
-    It starts at a mixture of mean-field VI fits (:func:`tasks.vi_posterior` with ``components`` members, each
-    from its own initialisation and so in a mode of its own): the chart's source is their equal mixture, the
-    field (:func:`joint_field`, by default the equivariant :class:`~wsbook.weightflow.NeuronGraphField`) starts
-    at zero, and every draw is aligned by weight matching to the fit's mean it lies nearest to (the posterior
-    is symmetric and multimodal; one flow carries every component to its mode). The field's Jacobian penalty
-    is high (``jacobian_penalty``): with the reverse-KL flow's small one, the neuron field learns to exploit
-    the error of the few Euler steps it is trained with (measurements: docs/tuning-log.md). Reverse KL alone then
-    trains the flow (:func:`~wsbook.weightflow.variational.fit_reverse_kl`), and a second, shorter phase at
-    a lower learning rate adds the draws' likelihood: ``KL(q || p) + w * E_draws[-log q]`` (sizes and ``w`` from
-    :func:`joint_settings`). The density makes the networks fit the
-    data; the draws' likelihood widens ``q`` where reverse KL alone leaves it too narrow. The seconds include
-    the VI fits.
+
+def train_posterior_flow(task: str, name: str, seed: int = 0) -> tuple[WeightFlow, float, Tensor]:
+    """The posterior flow ``name`` (one of :data:`FLOWS`) trained with seed ``seed``, cached:
+    ``(flow, seconds of its whole training, per-step losses)``. Chapters reach it through
+    :func:`wsbook.experiments.pipeline.train` (target ``"posterior/<task>"``).
+
+    * ``"euclidean flow"``, ``"geometric flow"``: flow matching on the draws of the training HMC run
+      (:data:`HMC_RUNS`) on the Euclidean chart (aligned weights, a Gaussian source with the prior's scale; a
+      density on ``R^D``) or the Geometric chart (canonical networks on the product of neuron spheres); sizes
+      from :func:`flow_settings`.
+    * ``"euclidean flow + reverse KL"``: the Euclidean flow trained further on the task's unnormalised
+      posterior by reverse KL (:func:`~wsbook.weightflow.variational.fit_reverse_kl`, sizes from
+      :func:`kl_settings`); its seconds include the draws flow's. The draws teach the flow where the
+      posterior's mass roughly is; the density teaches it the correlations between weights that a few
+      thousand draws of an 802-dimensional posterior do not pin down. A flat field first gets a per-weight
+      linear term (:meth:`FlatField.with_diagonal`, zero at the start: the same flow); the GNN field of the
+      `full` scale is trained as it is (a per-weight term would break its permutation equivariance).
+    * ``"flow, draws + density"``: a Euclidean flow started at a mixture of mean-field VI fits
+      (:func:`tasks.vi_posterior` with ``components`` members, each in a mode of its own): the chart's source
+      is their equal mixture, the field (:func:`joint_field`) starts at zero, and every draw is aligned by
+      weight matching to the fit's mean it lies nearest to. Reverse KL alone trains it first, then a shorter
+      phase at a lower learning rate adds the draws' likelihood: ``KL(q || p) + w * E_draws[-log q]`` (sizes
+      and ``w`` from :func:`joint_settings`); its losses are that phase's ``[steps, 2]``. The field's Jacobian
+      penalty is high: with a small one the neuron field learns to exploit the error of the few Euler steps
+      it is trained with. The seconds include the VI fits.
     """
-    out = _train_joint(task, flow_settings(), joint_settings(), seed)
+    if name in FLOWS[:len(CHARTS)]:
+        out = _train(task, name.removesuffix(" flow"), flow_settings(), seed)
+    elif name == DENSITY_FLOWS[1]:
+        out = _train_kl(task, flow_settings(), kl_settings(), seed)
+        out = out | {"seconds": out["seconds"] + _train(task, "euclidean", flow_settings(), seed)["seconds"]}
+    elif name == DENSITY_FLOWS[0]:
+        out = _train_joint(task, flow_settings(), joint_settings(), seed)
+    else:
+        raise ValueError(f"unknown posterior flow {name!r}; available: {', '.join(FLOWS)}")
     return WeightFlow.from_state(out["state"]), float(out["seconds"]), out["losses"]
 
 
@@ -384,7 +374,7 @@ def guided(flow: WeightFlow, n: int, weight: float = 2.0, task: str = "breast_ca
     seconds)}`` with keys ``"<chart> flow + guidance"`` and ``"prior + guidance"``.
 
     Args:
-        flow: a posterior flow (:func:`posterior_flow`).
+        flow: a posterior flow (:func:`train_posterior_flow`).
         n: networks per set.
         weight: lambda.
         task: the task whose training data guide.
@@ -502,8 +492,6 @@ def summarise_repeats(per_set):
     return out.sort_index(axis=1)
 
 
-#: the rows of the flows trained on the density: draws and density together, and reverse KL after the draws
-DENSITY_FLOWS = ("flow, draws + density", "euclidean flow + reverse KL")
 def repeat_count() -> int:
     """Sets per sampler in :func:`validation_scores` and :func:`polished_comparison` at the current scale."""
     return config.by_scale(3, 8, 8)
@@ -538,7 +526,7 @@ def polished_comparison(task: str = "breast_cancer", trajectories: tuple[int, ..
     n = posterior_sample_size() if n is None else n
     from wsbook.experiments.tasks import vi_posterior
 
-    joint, vi = posterior_flow_joint(task)[0], vi_posterior(task)
+    joint, vi = train_posterior_flow(task, DENSITY_FLOWS[0])[0], vi_posterior(task)
     starts = {DENSITY_FLOWS[0]: lambda m, g: sample_flow(joint, m, g)[0],
               "vi": lambda m, g: vi.sample(m, g).samples.detach(),
               "prior draws": lambda m, g: prior_draws(task, m, g)}
@@ -575,10 +563,7 @@ HMC_ROW, VI_ROW, MIXTURE_ROW, FLOW_SOURCE_ROW = ("HMC, training run", "mean-fiel
 
 def candidates(task: str = "breast_cancer") -> dict:
     """The posterior flows :func:`verdict_table` chooses among, by row name: ``{name: seed -> flow}``."""
-    return {"euclidean flow": lambda s: posterior_flow(task, "euclidean", s)[0],
-            "geometric flow": lambda s: posterior_flow(task, "geometric", s)[0],
-            DENSITY_FLOWS[1]: lambda s: posterior_flow_kl(task, s)[0],
-            DENSITY_FLOWS[0]: lambda s: posterior_flow_joint(task, s)[0]}
+    return {name: (lambda s, name=name: train_posterior_flow(task, name, s)[0]) for name in FLOWS}
 
 
 def validation_scores(task: str = "breast_cancer", n: int | None = None, repeats: int | None = None):
@@ -681,12 +666,13 @@ def posterior_terms(task: str, sets: dict[str, Tensor]):
     return pd.concat(parts, ignore_index=True)
 
 
-def memorisation(flow: WeightFlow, points: Tensor, task: str = "breast_cancer") -> dict:
-    """Median nearest-neighbour distance (in the flow's chart) from the flow's samples ``points`` to its
+def memorisation(flow: WeightFlow, theta: Tensor, task: str = "breast_cancer") -> dict:
+    """Median nearest-neighbour distance (in the flow's chart) from the flow's samples ``theta`` to its
     training draws (HMC run 0), beside the same for as many draws of the independent run 1: a flow that
     replays its training draws sits much closer than run 1 does."""
     ref0, ref1 = targets.hmc_reference(task, 0), targets.hmc_reference(task, 1)
     with torch.no_grad():
+        points = flow.chart.to_points(theta)
         train = flow.chart.to_points(ref0.theta)
         other = flow.chart.to_points(ref1.theta[ref1.thinned(points.shape[0])])
     return {"flow_to_train": float(median_nn_distance(points, train)),
@@ -803,38 +789,20 @@ def cost(train_seconds: float, sample_seconds: float, n: int, task: str = "breas
     return out | {"hmc_rhat_p95": p}
 
 
-#: the posterior flows of the cost table, in its order (chapter 8c's rows)
-COST_FLOWS = ("euclidean", "geometric", "reverse KL", "draws + density")
-
-
 def cost_inputs(task: str = "breast_cancer", n: int | None = None, generator: torch.Generator | None = None,
-                flows: tuple[str, ...] = COST_FLOWS) -> dict[str, tuple[float, float]]:
-    """``{flow: (training seconds, seconds to draw n networks)}`` of ``flows`` (names from
-    :data:`COST_FLOWS`; cached trainings, the sampling timed now). The reverse-KL flow's training includes
-    that of the draws flow it continues. ``n`` defaults to :func:`tasks.posterior_sample_size`."""
+                flows: tuple[str, ...] = FLOWS) -> dict[str, tuple[float, float]]:
+    """``{flow: (training seconds, seconds to draw n networks)}`` of ``flows`` (names from :data:`FLOWS`;
+    cached trainings, the sampling timed now). The reverse-KL flow's training includes that of the draws
+    flow it continues. ``n`` defaults to :func:`tasks.posterior_sample_size`."""
     from wsbook.experiments import tasks
 
     n = tasks.posterior_sample_size() if n is None else int(n)
     gen = generator if generator is not None else config.generator()
     out = {}
     for name in flows:
-        flow, seconds = cost_flow(task, name)
+        flow, seconds, _ = train_posterior_flow(task, name)
         out[name] = (seconds, sample_flow(flow, n, gen)[2])
     return out
-
-
-def cost_flow(task: str, name: str) -> tuple[WeightFlow, float]:
-    """The trained (cached) flow ``name`` of :data:`COST_FLOWS` and its training seconds; the reverse-KL
-    flow's include those of the draws flow it continues."""
-    if name in CHARTS:
-        return posterior_flow(task, name)
-    if name == "reverse KL":
-        flow, seconds, _ = posterior_flow_kl(task)
-        return flow, seconds + posterior_flow(task, "euclidean")[1]
-    if name == "draws + density":
-        flow, seconds, _ = posterior_flow_joint(task)
-        return flow, seconds
-    raise ValueError(f"cost_flow: name must be one of {COST_FLOWS}; got {name!r}")
 
 
 def cost_table(inputs: dict[str, tuple[float, float]], n: int, task: str = "breast_cancer"):
@@ -855,7 +823,7 @@ def task_cost(task: str = "breast_cancer", n: int | None = None, generator: torc
     """The cost of ``task``'s posterior flows (:func:`cost_table`) or, where its HMC reference has not
     converged, the sentence that says why none can be measured (:func:`cost_refusal`; nothing is trained
     then). ``inputs`` as for :func:`cost_table`; by default :func:`cost_inputs` of every flow of
-    :data:`COST_FLOWS` on breast cancer and of the Euclidean flow trained on draws elsewhere."""
+    :data:`FLOWS` on breast cancer and of the Euclidean flow trained on draws elsewhere."""
     from wsbook.experiments import tasks
 
     refusal = cost_refusal(task)
@@ -863,7 +831,7 @@ def task_cost(task: str = "breast_cancer", n: int | None = None, generator: torc
         return refusal
     n = tasks.posterior_sample_size() if n is None else int(n)
     if inputs is None:
-        flows = COST_FLOWS if task == "breast_cancer" else ("euclidean",)
+        flows = FLOWS if task == "breast_cancer" else ("euclidean flow",)
         inputs = cost_inputs(task, n, generator, flows)
     return cost_table(inputs, n, task)
 
@@ -876,10 +844,8 @@ PROPOSALS = ("draws", "reverse kl", "joint")
 def _importance(task: str, settings: FlowSettings, kl: KLSettings | JointSettings | None, n: int, seed: int) -> dict:
     from wsbook.experiments.tasks import get_task
 
-    if kl is None:
-        flow = posterior_flow(task, "euclidean", seed=0)[0]
-    else:
-        flow = (posterior_flow_joint if isinstance(kl, JointSettings) else posterior_flow_kl)(task, seed=0)[0]
+    name = "euclidean flow" if kl is None else DENSITY_FLOWS[0 if isinstance(kl, JointSettings) else 1]
+    flow = train_posterior_flow(task, name)[0]
     gen = torch.Generator().manual_seed(2_000 + seed)
     theta, points, _ = sample_flow(flow, n, gen)
     start = time.perf_counter()
@@ -904,12 +870,12 @@ def importance_sampling(task: str = "breast_cancer", n: int | None = None, seed:
     ``log q`` and the seconds spent on the likelihoods.
 
     Args:
-        task: the task of :func:`posterior_flow`.
+        task: the task of :func:`train_posterior_flow`.
         n: samples (default: 64 at `ci`, 512 at `default`, 2048 at `full`).
         seed: seeds the samples and the probes.
-        proposal: ``"draws"`` (the flow trained on HMC draws, :func:`posterior_flow`), ``"reverse kl"`` (that
-            flow trained further on the posterior density, :func:`posterior_flow_kl`) or ``"joint"`` (the flow
-            trained on draws and density together, :func:`posterior_flow_joint`).
+        proposal: ``"draws"`` (the Euclidean flow trained on HMC draws), ``"reverse kl"`` (that flow trained
+            further on the posterior density) or ``"joint"`` (the flow trained on draws and density together;
+            :func:`train_posterior_flow`).
     """
     n = config.by_scale(64, 512, 2048) if n is None else int(n)
     if n < 2:
@@ -929,12 +895,12 @@ def elbos(task: str = "breast_cancer", n: int | None = None, seed: int = 0) -> d
     """The evidence lower bound ``E_q[log p(theta, D) - log q(theta)] = log p(D) - KL(q || p)`` of the three
     Euclidean flows and of mean-field VI (the table's fit, :func:`tasks.vi_posterior`), with its standard
     error: ``{name: {"elbo", "se"}}``. All share the unknown ``log p(D)``, so a difference of ELBOs is a
-    difference of reverse KLs to the posterior, the objective that VI and :func:`posterior_flow_kl` minimise.
+    difference of reverse KLs to the posterior, the objective that VI and the reverse-KL flow minimise.
     The flows' ``log q`` is the change-of-variables estimate of :func:`importance_sampling` (unbiased in the
     probes; its samples too), VI's entropy is exact.
 
     Args:
-        task: the task of :func:`posterior_flow`.
+        task: the task of :func:`train_posterior_flow`.
         n: samples per method (default as :func:`importance_sampling`).
         seed: seeds the samples.
     """
@@ -1038,7 +1004,7 @@ def _off_chart(spec, theta: Tensor, atol: float = 1e-6) -> Tensor:
 
 @cached("flows/detection", version=6)   # 6: flows trained with the loss weighted per layer
 def _log_likelihoods(task: str, chart: str, settings: FlowSettings, sets: dict, seed: int) -> dict:
-    flow, _ = posterior_flow(task, chart, seed=0)
+    flow = train_posterior_flow(task, f"{chart} flow")[0]
     gen = torch.Generator().manual_seed(5_000 + seed)
     n = max(v.shape[0] for v in sets.values())
     own, _, _ = sample_flow(flow, n, gen)
@@ -1105,12 +1071,12 @@ def detection_table(task: str = "breast_cancer", charts: tuple[str, ...] = CHART
     return pd.DataFrame(cols)
 
 
-__all__ = ["CHARTS", "FlowSettings", "flow_settings", "KLSettings", "kl_settings", "posterior_field", "posterior_flow",
-           "posterior_flow_kl", "JointSettings", "joint_settings", "posterior_flow_joint", "sample_flow",
+__all__ = ["CHARTS", "FlowSettings", "flow_settings", "KLSettings", "kl_settings", "posterior_field", "FLOWS",
+           "train_posterior_flow", "JointSettings", "joint_settings", "sample_flow",
            "methods_table", "HMC_RUNS", "candidates", "validation_scores", "select_flow", "verdict_table",
            "alignment_spread", "prior_draws", "gaussian_fits",
            "guided", "posterior_terms", "memorisation", "RHAT_LIMIT", "RHAT_SHARE", "COST_GOAL",
            "COST_MORE", "MET_AT_MORE", "NoCost", "rhat_quantile", "cost_refusal", "cost_verdict", "amortised_cost", "cost",
-           "COST_FLOWS", "cost_inputs", "cost_flow", "cost_table", "task_cost", "importance_sampling", "PROPOSALS", "elbos",
+           "cost_inputs", "cost_table", "task_cost", "importance_sampling", "PROPOSALS", "elbos",
            "reweighted",
            "detection_sets", "detection_table", "auroc", "OWN_SAMPLES"]

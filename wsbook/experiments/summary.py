@@ -10,7 +10,7 @@ import pandas as pd
 import torch
 
 from wsbook import config, data
-from wsbook.experiments import flows, tasks
+from wsbook.experiments import flows, pipeline, tasks
 from wsbook.experiments import mnist_flows as mf
 
 #: the rows the discussion compares on each task: the target, the plain baseline and the book's flows (on
@@ -45,15 +45,7 @@ def headline() -> pd.DataFrame:
     target = flows.target_rows(refs, n_gen)["iid training checkpoints"]
     sets = {"target": target}
     for name in BREAST_CANCER_ROWS:
-        if name == "plain baseline":
-            cfg = flows.baseline_config()
-        elif name == EXTENDED:
-            cfg = flows.extended_config()
-        elif name.startswith("neuron_"):
-            cfg = flows.neuron_config(*name.removeprefix("neuron_").split("_", 1))
-        else:
-            cfg = flows.flow_config(*name.split("_", 1))
-        theta, _ = flows.sample_flow("breast_cancer", cfg, n_gen, steps=solver_steps)
+        theta, _ = pipeline.sample("breast_cancer", name, n_gen, steps=solver_steps)
         sets[name] = flows.score(theta, refs)
     for name, s in sets.items():
         rows.append(dict(task="breast cancer", networks=name, accuracy=s["accuracy"],
@@ -66,7 +58,7 @@ def headline() -> pd.DataFrame:
     mn = {"target": mf.score(mf.probs_of(spec, train.theta[pick], ds), ds.y_test, refs)}
     for recipe in MNIST_ROWS:
         if recipe == "plain_baseline" or recipe in b.recipes:
-            theta, _ = mf.sample_flow(recipe)
+            theta, _ = pipeline.sample(mf.ZOO, recipe)
             mn[recipe.replace("plain_baseline", "plain baseline")] = mf.score(
                 mf.probs_of(spec, theta, ds), ds.y_test, refs)
     for name, s in mn.items():
@@ -84,16 +76,13 @@ def posterior_headline(task: str = "breast_cancer") -> pd.DataFrame:
 
     See chapter 9, "What the numbers say".
     """
-    from wsbook.experiments import posterior_flows as pf
+    from wsbook.experiments import pipeline, posterior_flows as pf
 
     n = tasks.posterior_sample_size()
     gen = config.generator()
-    flows = {chart: pf.posterior_flow(task, chart) for chart in pf.CHARTS}
-    rows = {f"{chart} flow": (pf.sample_flow(flow, n, gen)[0], seconds) for chart, (flow, seconds) in flows.items()}
-    flow_kl, seconds, _ = pf.posterior_flow_kl(task)
-    rows["euclidean flow + reverse KL"] = (pf.sample_flow(flow_kl, n, gen)[0], rows["euclidean flow"][1] + seconds)
-    flow_joint, seconds, _ = pf.posterior_flow_joint(task)
-    rows["flow, draws + density"] = (pf.sample_flow(flow_joint, n, gen)[0], seconds)
+    target = f"posterior/{task}"
+    rows = {name: (pipeline.sample(target, name, n, generator=gen)[0], pipeline.train(target, name).seconds)
+            for name in pf.FLOWS}
     table = pf.methods_table(task, n, rows)
     keep = ["hmc", "vi", "laplace", *rows]
     return table.loc[keep, ["tv_run1", "mmd2_run1", "accuracy"]]

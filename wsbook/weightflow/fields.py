@@ -148,7 +148,7 @@ class FlatField(TimeMLP):
     zero at the start). An MLP narrower than the weight vector (``hidden < D``) cannot represent a
     full-rank linear map of ``x``, so it cannot contract every weight by its own factor, which is what
     turns a broad source into a posterior whose constrained directions are narrow. Chapter 8c trains its
-    reverse-KL posterior flow with the term (:func:`wsbook.experiments.posterior_flows.posterior_flow_kl`)
+    reverse-KL posterior flow with the term (:func:`wsbook.experiments.posterior_flows.train_posterior_flow`)
     and compares it with mean-field VI. :meth:`with_diagonal` adds the term to a trained field.
     """
 

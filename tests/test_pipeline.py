@@ -1,0 +1,62 @@
+"""The one train/sample path of the results chapters (wsbook.experiments.pipeline)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from wsbook import cli
+from wsbook.experiments import flows, mnist_flows as mf, pipeline, posterior_flows as pf
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_CHAPTERS = ("08_results", "08b_mnist", "08c_posterior", "09_discussion")
+
+
+def test_every_target_lists_its_flows_by_the_names_of_the_tables():
+    for target in pipeline.TARGETS:
+        recipes = pipeline.recipes(target)
+        assert recipes and all(r.target == target and r.name == name for name, r in recipes.items())
+        assert {r.objective for r in recipes.values()} <= {"draws", "draws, then density", "density and draws"}
+    assert set(pipeline.recipes("breast_cancer")) == set(flows.breast_cancer_candidates())
+    assert set(pipeline.recipes(mf.ZOO)) == set(mf.RECIPES)
+    assert tuple(pipeline.recipes("posterior/breast_cancer")) == pf.FLOWS
+    assert set(pf.candidates()) == set(pf.FLOWS), "the posterior verdict chooses among the pipeline's flows"
+    with pytest.raises(ValueError, match="unknown target"):
+        pipeline.recipes("wine")
+    with pytest.raises(ValueError, match="unknown recipe 'nope' for 'breast_cancer'"):
+        pipeline.train("breast_cancer", "nope")
+
+
+def test_sample_rejects_options_its_target_does_not_have_before_any_work():
+    bc, post = "breast_cancer", "posterior/breast_cancer"
+    name = flows.neuron_config().name
+    bad = [((bc, name, 0), "n must be positive"), ((bc, name), "needs the number of networks"),
+           ((bc, name, 4), "only MNIST flows sample other widths", {"widths": (30, 8, 2)}),
+           ((bc, name, 4), "cached by sample_seed", {"generator": torch.Generator()}),
+           ((bc, name, 4), "guided by their own data", {"guided": "mnist", "weight": 1.0}),
+           ((bc, name, 4), "needs its weight", {"guided": bc}),
+           ((mf.ZOO, mf.TRANSFER, 4), "budget's solver", {"steps": 3}),
+           ((post, pf.FLOWS[0], 4), "not guided here", {"guided": bc})]
+    for args, message, *kw in bad:
+        with pytest.raises(ValueError, match=message):
+            pipeline.sample(*args, **(kw[0] if kw else {}))
+
+
+def test_the_command_line_precomputes_every_flow_of_the_pipeline():
+    registry = cli.artifacts()
+    for target in pipeline.TARGETS:
+        for name in pipeline.recipes(target):
+            assert cli.flow_artifact(target, name) in registry, (target, name)
+
+
+def test_the_results_chapters_train_and_sample_flows_only_through_the_pipeline():
+    """A chapter that called a data set's own trainer or sampler would be a second path past the cache
+    entries the command line precomputes; the pipeline is the one the chapters use."""
+    private = re.compile(r"\b(?:flows|mf|pf)\.(?:train_flow|sample_flow|train_posterior_flow|posterior_flow\w*)\(")
+    for chapter in RESULTS_CHAPTERS:
+        text = (ROOT / "chapters" / f"{chapter}.md").read_text()
+        assert not private.findall(text), (chapter, private.findall(text))
+    uses = [c for c in RESULTS_CHAPTERS[:3] if "pipeline.train(" in (ROOT / "chapters" / f"{c}.md").read_text()]
+    assert uses == list(RESULTS_CHAPTERS[:3])

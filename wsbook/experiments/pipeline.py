@@ -1,0 +1,159 @@
+"""Every flow the results chapters train, by one name: ``train(target, recipe, seed)`` and
+``sample(target, recipe, n, ...)`` (book chapters 8, 8b, 8c and 9; the command line's ``flow/...`` artifacts).
+
+A *target* is what a flow learns to generate:
+
+* ``"breast_cancer"`` and ``"mnist5k"``: a checkpoint zoo, split by whole runs into training, validation and
+  sealed test runs (:func:`wsbook.experiments.flows.zoo_split`); the flow trains on the training runs.
+* ``"posterior/breast_cancer"``: the breast-cancer posterior, whose HMC runs are split into training draws,
+  a validation run and a sealed test run (:data:`~wsbook.experiments.posterior_flows.HMC_RUNS`); the flow
+  trains on the training draws, the unnormalised posterior density, or both.
+
+A *recipe* is one flow over a target and its budget at the current scale (:func:`recipes`): the chart, the
+coupling, the vector field, the objective and the training sizes. Its name is the row name of the chapter's
+tables. Training and sampling are cached (:mod:`wsbook.cache`), so a chapter run after
+``python -m wsbook all`` trains nothing. Scoring is the targets' own: zoo samples against validation runs
+(:func:`wsbook.experiments.flows.score`), posterior samples against the validation HMC run
+(:mod:`wsbook.experiments.posterior_flows`); the test runs are read only by the verdict tables.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from wsbook.experiments import flows, mnist_flows as mf, posterior_flows as pf
+from wsbook.weightflow import WeightFlow
+
+#: the zoo targets and the posterior targets
+ZOO_TARGETS = ("breast_cancer", "mnist5k")
+POSTERIOR_TARGETS = ("posterior/breast_cancer",)
+TARGETS = ZOO_TARGETS + POSTERIOR_TARGETS
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One flow over ``target`` by its table name: ``config`` is its
+    :class:`~wsbook.experiments.flows.FlowConfig` (zoo targets) or the posterior settings it trains with
+    (:class:`~wsbook.experiments.posterior_flows.FlowSettings`, with the reverse-KL or joint settings where
+    the objective reads the density); ``objective`` is ``"draws"`` (flow matching on networks),
+    ``"draws, then density"`` (reverse KL after flow matching) or ``"density and draws"``."""
+
+    target: str
+    name: str
+    config: Any
+    objective: str = "draws"
+
+
+@dataclass
+class TrainedFlow:
+    """A trained flow of a recipe: the flow, its recipe, the training seed, seconds and per-step losses."""
+
+    flow: WeightFlow
+    recipe: Recipe
+    seed: int
+    seconds: float
+    losses: Tensor
+
+    @property
+    def field_parameters(self) -> int:
+        """Trainable parameters of the vector field."""
+        return sum(p.numel() for p in self.flow.field.parameters())
+
+
+def _check_target(target: str) -> None:
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
+
+
+def _task(target: str) -> str:
+    return target.removeprefix("posterior/")
+
+
+def recipes(target: str) -> dict[str, Recipe]:
+    """Every flow the book trains on ``target``, by name, with the current scale's sizes."""
+    _check_target(target)
+    if target == "breast_cancer":
+        return {name: Recipe(target, name, cfg) for name, cfg in flows.breast_cancer_candidates().items()}
+    if target == "mnist5k":
+        return {name: Recipe(target, name, mf.recipe_config(name)) for name in mf.RECIPES}
+    st = pf.flow_settings()
+    return {f"{chart} flow": Recipe(target, f"{chart} flow", st) for chart in pf.CHARTS} | {
+        pf.DENSITY_FLOWS[1]: Recipe(target, pf.DENSITY_FLOWS[1], (st, pf.kl_settings()), "draws, then density"),
+        pf.DENSITY_FLOWS[0]: Recipe(target, pf.DENSITY_FLOWS[0], (st, pf.joint_settings()), "density and draws")}
+
+
+def recipe(target: str, name: str) -> Recipe:
+    """The recipe ``name`` of ``target`` (:func:`recipes`), with a clear error for an unknown name."""
+    available = recipes(target)
+    if name not in available:
+        raise ValueError(f"unknown recipe {name!r} for {target!r}; available: {', '.join(available)}")
+    return available[name]
+
+
+def train(target: str, name: str, seed: int = 0) -> TrainedFlow:
+    """The flow ``name`` (:func:`recipes`) trained on ``target``'s training data with seed ``seed`` (cached).
+
+    Args:
+        target: a key of :data:`TARGETS`.
+        name: the recipe's name.
+        seed: the training run's randomness (initial field, source draws, minibatches, times); the verdict
+            tables train seeds :data:`wsbook.experiments.protocol.SEEDS`, and every choice reads seed 0.
+    """
+    r = recipe(target, name)
+    if target in ZOO_TARGETS:
+        holdout = mf.budget().n_holdout if target == mf.ZOO else None
+        t = flows.train_flow(target, r.config, n_holdout=holdout, seed=seed)
+        return TrainedFlow(t.flow, r, seed, t.seconds, t.losses)
+    flow, seconds, losses = pf.train_posterior_flow(_task(target), name, seed)
+    return TrainedFlow(flow, r, seed, seconds, losses)
+
+
+def sample(target: str, name: str, n: int | None = None, *, seed: int = 0, sample_seed: int | None = None,
+           steps: int | None = None, guided: str | None = None, weight: float | None = None,
+           widths: tuple[int, ...] | None = None, generator: torch.Generator | None = None) -> tuple[Tensor, float]:
+    """``n`` networks of the trained flow ``name`` (:func:`train` with ``seed``): ``(theta [n, D], seconds)``.
+
+    Zoo samples are cached by ``sample_seed``; posterior samples are drawn from ``generator`` (default: one
+    seeded with ``sample_seed``), cheaply, as many times as a chapter asks.
+
+    Args:
+        target, name, seed: the trained flow, as in :func:`train`.
+        n: networks to draw (default for MNIST: its budget's ``n_samples``; required otherwise).
+        sample_seed: the source points and guidance minibatches (default: 1 for breast cancer, 0 otherwise).
+        steps: midpoint steps of the ODE solver (default: the target's).
+        guided: guide the samples by the task loss on this data set's training split: ``"breast_cancer"``,
+            ``"mnist"`` or ``"permuted"`` (zoo targets only).
+        weight: the guidance's lambda (default: the target's).
+        widths: sample another architecture (MNIST's width transfer, :meth:`WeightFlow.with_spec`).
+        generator: posterior targets only: draw from this generator.
+    """
+    r = recipe(target, name)
+    if n is not None and n < 1:
+        raise ValueError(f"sample: n must be positive; got {n}")
+    if target == mf.ZOO:
+        if steps is not None or generator is not None:
+            raise ValueError("sample: MNIST flows sample with their budget's solver and a sample_seed")
+        return mf.sample_flow(name, n, widths=widths, guided=guided, seed=sample_seed or 0, weight=weight,
+                              train_seed=seed)
+    if widths is not None:
+        raise ValueError(f"sample: only MNIST flows sample other widths; got widths for {target!r}")
+    if n is None:
+        raise ValueError(f"sample: {target!r} needs the number of networks n")
+    if target in ZOO_TARGETS:
+        if generator is not None:
+            raise ValueError("sample: zoo samples are cached by sample_seed, not drawn from a generator")
+        if guided not in (None, target):
+            raise ValueError(f"sample: {target!r} flows are guided by their own data; got {guided!r}")
+        if guided is not None and weight is None:
+            raise ValueError(f"sample: guidance of {target!r} flows needs its weight")
+        lam = 0.0 if guided is None else weight
+        return flows.sample_flow(target, r.config, n, steps=flows.solver_steps() if steps is None else steps,
+                                 guidance=lam, seed=seed, sample_seed=1 if sample_seed is None else sample_seed)
+    if guided is not None:
+        raise ValueError("sample: posterior flows are not guided here (see posterior_flows.guided)")
+    gen = generator if generator is not None else torch.Generator().manual_seed(sample_seed or 0)
+    theta, _, seconds = pf.sample_flow(train(target, name, seed).flow, n, gen, steps)
+    return theta, seconds
