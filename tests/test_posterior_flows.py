@@ -288,3 +288,14 @@ def test_posterior_verdict_chooses_on_validation_and_reads_the_test_run_only_in_
     assert table.loc["good", "TV vs VI"] == "met" and table.loc["good", "MMD² vs VI"] == "met"
     assert table.loc[pf.FLOW_SOURCE_ROW, "MMD² vs VI"] == "missed" and table.attrs["goal"] == "met"
     assert table.loc[pf.VI_ROW, "TV vs VI"] == "—"
+
+
+def test_off_chart_marks_networks_with_a_neuron_without_direction():
+    spec = MLPSpec((3, 4, 4, 2))
+    theta = torch.randn(3, spec.n_params, generator=torch.Generator().manual_seed(0))
+    w, b = spec.slices(1)
+    theta[1, w.start + 4:w.start + 8] = 0.0        # the second neuron of the second hidden layer ...
+    theta[1, b.start + 1] = 0.0                    # ... and its bias
+    assert pf.off_chart(spec, theta).tolist() == [False, True, False]
+    theta[2, w.start:w.start + 4] = 1e-3           # small, not zero: still a direction
+    assert pf.off_chart(spec, theta).tolist() == [False, True, False]

@@ -47,6 +47,7 @@ from wsbook.bayes import metrics as M
 from wsbook.bayes.distances import median_bandwidth, median_nn_distance, mmd2
 from wsbook.cache import cached
 from wsbook.experiments import protocol, targets
+from wsbook.symmetry import neuron_norms, weight_matching
 from wsbook.weightflow import EuclideanChart, FlatField, GeometricChart, NeuronGraphField, WeightFlow, gnn_field
 from wsbook.weightflow.variational import fit_reverse_kl
 
@@ -303,14 +304,13 @@ def alignment_spread(task: str = "breast_cancer") -> dict:
     """Mean distance between draws of the same chain, of different chains and over all pairs of
     ``hmc_reference(task, 0)``, as drawn and after weight matching every draw to the first (as an aligned
     chart would). On a posterior as broad as the prior, matching finds little to match."""
-    from wsbook.weightflow.charts import _align
-
     ref = targets.hmc_reference(task, 0)
     chain = torch.arange(ref.theta.shape[0]) % ref.n_chains            # draw-major rows
     same = chain[:, None] == chain[None]
     off = ~torch.eye(len(chain), dtype=torch.bool)
     out = {}
-    for name, theta in (("as drawn", ref.theta), ("aligned", _align(ref.spec, ref.theta[:1], ref.theta))):
+    aligned = weight_matching(ref.spec, ref.theta[:1], ref.theta).aligned
+    for name, theta in (("as drawn", ref.theta), ("aligned", aligned)):
         d = torch.cdist(theta.double(), theta.double())
         out[name] = {"within chains": float(d[same & off].mean()), "between chains": float(d[~same].mean()),
                      "all pairs": float(d[off].mean())}
@@ -990,16 +990,11 @@ def detection_sets(task: str = "breast_cancer", n: int | None = None, seed: int 
 OWN_SAMPLES = "the flow's own samples"
 
 
-def _off_chart(spec, theta: Tensor, atol: float = 1e-6) -> Tensor:
+def off_chart(spec, theta: Tensor, atol: float = 1e-6) -> Tensor:
     """``[n]`` bool: networks with a hidden neuron whose incoming weights and bias are all (near) zero. Such a
     neuron has no direction, so the network has no point on the Geometric chart's product of spheres."""
-    dead = torch.zeros(theta.shape[0], dtype=torch.bool)
-    for layer in range(spec.n_layers - 1):
-        w, b = spec.slices(layer)
-        rows = theta[:, w].reshape(theta.shape[0], spec.widths[layer + 1], spec.widths[layer])
-        norms = torch.cat([rows, theta[:, b].unsqueeze(-1)], -1).norm(dim=-1)
-        dead |= (norms < atol).any(1).cpu()
-    return dead
+    dead = [(norms < atol).any(1) for norms in neuron_norms(spec, theta)]
+    return torch.stack(dead).any(0).cpu()
 
 
 @cached("flows/detection", version=6)   # 6: flows trained with the loss weighted per layer
@@ -1013,7 +1008,7 @@ def _log_likelihoods(task: str, chart: str, settings: FlowSettings, sets: dict, 
     theta = torch.cat([scored[k] for k in names])
     # the Geometric flow's density lives on the product of spheres: a network with a dead neuron is off it
     # (density zero, log q = -inf); the Euclidean flow's density covers every network
-    off = _off_chart(flow.spec, theta) if chart == "geometric" else torch.zeros(theta.shape[0], dtype=torch.bool)
+    off = off_chart(flow.spec, theta) if chart == "geometric" else torch.zeros(theta.shape[0], dtype=torch.bool)
     lq = torch.full((theta.shape[0],), -math.inf)
     lq[~off] = flow.log_prob(theta[~off], steps=settings.lik_steps, method="rk4", estimator="hutchinson",
                              n_probes=settings.n_probes, generator=gen).cpu()
@@ -1079,4 +1074,4 @@ __all__ = ["CHARTS", "FlowSettings", "flow_settings", "KLSettings", "kl_settings
            "COST_MORE", "MET_AT_MORE", "NoCost", "rhat_quantile", "cost_refusal", "cost_verdict", "amortised_cost", "cost",
            "cost_inputs", "cost_table", "task_cost", "importance_sampling", "PROPOSALS", "elbos",
            "reweighted",
-           "detection_sets", "detection_table", "auroc", "OWN_SAMPLES"]
+           "detection_sets", "detection_table", "auroc", "OWN_SAMPLES", "off_chart"]
