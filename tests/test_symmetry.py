@@ -274,6 +274,24 @@ def test_batched_zoo_alignment_equals_pair_by_pair():
     assert ((aligned - ref).norm(dim=1) <= (zoo - ref).norm(dim=1) + 1e-5).all()
 
 
+@pytest.mark.parametrize("signs", [False, True])
+def test_starts_run_together_equal_each_start_run_alone(signs):
+    # the starts are optimised in one batch; each must end where it ends alone, and the best one wins
+    g = _gen(16)
+    spec = MLPSpec((5, 11, 11, 7, 3), activation="tanh" if signs else "relu")
+    ref, zoo = spec.init(1, generator=g), spec.init(6, generator=g)
+    match = S.sign_aware_weight_matching if signs else S.weight_matching
+    together = match(spec, ref, zoo)
+    alone = [match(spec, ref, zoo, starts=(start,)) for start in S.matching.STARTS]
+    objectives = torch.stack([a.objective for a in alone])
+    best = objectives.argmax(0)                       # the first of equally good starts
+    torch.testing.assert_close(together.objective, objectives.max(0).values, rtol=0, atol=0)
+    for i, k in enumerate(best.tolist()):
+        for p, q in zip(together.perms, alone[k].perms):
+            assert torch.equal(p[i], q[i])
+        assert torch.equal(together.aligned[i], alone[k].aligned[i])
+
+
 @pytest.mark.parametrize("loss", ["midpoint", "random"])
 def test_sinkhorn_data_losses_return_a_true_permutation(loss):
     g = _gen(15)

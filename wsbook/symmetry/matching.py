@@ -141,6 +141,10 @@ class _Matcher:
         self.dev, self.dtype = others[0].device, others[0].dtype
         self.refs = [self._views(r) for r in refs]
         self.others = [self._views(t) for t in others]
+        # a single reference's tensors with each acted-on axis first, [1, width, rest], for every cost matrix
+        self.ref_moved = [[[ref[(ax.kind, ax.layer)].movedim(ax.dim + 1, 1).reshape(1, g.width, -1)
+                            if ref[(ax.kind, ax.layer)].shape[0] == 1 else None for ref in self.refs]
+                           for ax in g.axes] for g in self.groups]
         self.n_rows = self.K * self.B
         self.perms = [torch.arange(g.width, device=self.dev).expand(self.n_rows, g.width).clone() for g in self.groups]
         self.sgn = [torch.ones(self.n_rows, g.width, device=self.dev, dtype=self.dtype) for g in self.groups]
@@ -159,51 +163,58 @@ class _Matcher:
         out.update({("b", l): b for l, b in enumerate(self.spec.biases(theta)) if b is not None})
         return out
 
-    def _apply_others(self, t: Tensor, key: tuple[str, int], skip: int, rows: Tensor) -> Tensor:
-        """``t [n, ...]`` (member rows of one parameter tensor) with the current elements of every group
-        acting on it except ``skip`` applied (permutation, then sign)."""
+    def _apply_others(self, t: Tensor, key: tuple[str, int], skip: int, perms: dict[int, Tensor],
+                      sgn: dict[int, Tensor]) -> Tensor:
+        """``t [n, ...]`` (member rows of one parameter tensor) with the current elements ``perms`` (and
+        ``sgn``) of the rows of every group acting on it except ``skip`` applied (permutation, then sign)."""
         for dim, h in self.acting.get(key, {}).items():
             if h == skip:
                 continue
             shape = _shape_along(t.dim(), dim + 1, t.shape[0], self.groups[h].width)
             if dim == 0:    # whole rows: indexing copies them (about 3x faster than an elementwise gather)
-                t = t[torch.arange(t.shape[0], device=t.device)[:, None], self.perms[h][rows]]
+                t = t[torch.arange(t.shape[0], device=t.device)[:, None], perms[h]]
             else:
-                t = t.gather(dim + 1, self.perms[h][rows].reshape(shape).expand(t.shape))
+                t = t.gather(dim + 1, perms[h].reshape(shape).expand(t.shape))
             if self.signs:
-                t = t * self.sgn[h][rows].reshape(shape)
+                t = t * sgn[h].reshape(shape)
         return t
 
     def cost(self, h: int, rows: Tensor, known: set[int] | None = None) -> Tensor:
         """``[n, w, w]``: ``C[i, j]`` is the objective gained by placing old neuron ``j`` at position ``i`` of
-        hidden layer ``h`` for the given rows, with all other groups at their current elements. With
-        ``known``, only tensors whose other acted-on axes all belong to groups in ``known`` contribute (the
-        greedy initialisation, where later layers are not yet assigned)."""
-        members = rows % self.B
-        n = members.shape[0]
-        first = int(members[0]) if n else 0
-        # a block of consecutive members (the usual case) is a view of the population, not a gathered copy
-        take = (slice(first, first + n) if n and bool((members == torch.arange(first, first + n, device=self.dev)).all())
-                else members)
+        hidden layer ``h`` for the given rows (ascending), with all other groups at their current elements.
+        With ``known``, only tensors whose other acted-on axes all belong to groups in ``known`` contribute
+        (the greedy initialisation, where later layers are not yet assigned)."""
+        n, w = rows.shape[0], self.groups[h].width
+        if n == 0:
+            return torch.zeros(0, w, w, device=self.dev, dtype=self.dtype)
+        lo, hi = rows[[0, -1]].tolist()
+        # a range of rows within one candidate (the usual case) takes a view of the population, not a copy
+        take = slice(lo % self.B, lo % self.B + n) if hi - lo == n - 1 and lo // self.B == hi // self.B else rows % self.B
+        perms = {g: self.perms[g][rows] for g in self.neighbours[h]}
+        sgn = {g: self.sgn[g][rows] for g in self.neighbours[h]} if self.signs else {}
         cost = None
-        for ax in self.groups[h].axes:
+        for ax, ref_moved in zip(self.groups[h].axes, self.ref_moved[h]):
             key = (ax.kind, ax.layer)
             if known is not None and any(g != h and g not in known for g in self.acting[key].values()):
                 continue
-            for ref, other in zip(self.refs, self.others):
-                r = ref[key] if ref[key].shape[0] == 1 else ref[key][take]
-                t = self._apply_others(other[key][take], key, h, rows)
-                r = r.movedim(ax.dim + 1, 1).reshape(r.shape[0], self.groups[h].width, -1).expand(n, -1, -1)
-                t = t.movedim(ax.dim + 1, 1).reshape(t.shape[0], self.groups[h].width, -1)
+            for ref, moved, other in zip(self.refs, ref_moved, self.others):
+                if moved is not None:
+                    r = moved.expand(n, -1, -1)
+                else:
+                    r = ref[key][take]
+                    r = r.movedim(ax.dim + 1, 1).reshape(r.shape[0], w, -1)
+                t = self._apply_others(other[key][take], key, h, perms, sgn)
+                t = t.movedim(ax.dim + 1, 1).reshape(t.shape[0], w, -1)
                 cost = torch.bmm(r, t.transpose(1, 2)) if cost is None else cost.baddbmm_(r, t.transpose(1, 2))
         if cost is None:
-            w = self.groups[h].width
             return torch.zeros(n, w, w, device=self.dev, dtype=self.dtype)
         return cost
 
-    def update(self, h: int, rows: Tensor, known: set[int] | None = None) -> Tensor:
-        """One exact assignment step for layer ``h`` on ``rows``; returns which rows changed."""
-        def solve(cost: Tensor) -> tuple[Tensor, Tensor | None, float]:
+    def update(self, jobs: list[tuple[int, Tensor, set[int] | None]]) -> list[Tensor]:
+        """One exact assignment step for each job ``(layer h, rows, known)`` (see :meth:`cost`); the jobs
+        of one step touch disjoint rows, so they are solved together. Returns which rows of each job changed."""
+        def solve(h: int, block: Tensor, known: set[int] | None) -> tuple[Tensor, Tensor | None, float]:
+            cost = self.cost(h, block, known)
             t0 = time.perf_counter()
             new = hungarian(cost.abs() if self.signs else cost)
             seconds = time.perf_counter() - t0
@@ -212,35 +223,37 @@ class _Matcher:
             picked = cost.gather(2, new.unsqueeze(2)).squeeze(2)
             return new, torch.where(picked < 0, -1.0, 1.0).to(self.dtype), seconds
 
-        blocks = rows.split(self.block)
-        workers = min(torch.get_num_threads(), len(blocks))
-        if workers > 1:
+        tasks = [(h, block, known) for h, rows, known in jobs for block in rows.split(self.block)]
+        workers = min(torch.get_num_threads(), len(tasks))
+        if workers > 1 and sum(rows.numel() for _, rows, _ in jobs) > self.block:
             # the cost of the next block is built by torch (which releases the GIL) while earlier blocks'
             # LAPs are solved
             with ThreadPoolExecutor(workers) as pool:
-                futures = [pool.submit(solve, self.cost(h, block, known)) for block in blocks]
-                solved = [f.result() for f in futures]
+                solved = list(pool.map(lambda task: solve(*task), tasks))
         else:          # each block's LAPs are solved while its cost matrices are still in cache
-            solved = [solve(self.cost(h, block, known)) for block in blocks]
+            solved = [solve(*task) for task in tasks]
         self.hungarian_seconds += sum(sec for _, _, sec in solved)
-        new = torch.cat([p for p, _, _ in solved])
-        changed = (new != self.perms[h][rows]).any(1)
-        self.perms[h][rows] = new
-        if self.signs:
-            new_sgn = torch.cat([sg for _, sg, _ in solved])
-            changed |= (new_sgn != self.sgn[h][rows]).any(1)
-            self.sgn[h][rows] = new_sgn
-        return changed
+        changes, done = [], 0
+        for h, rows, _ in jobs:
+            n_blocks = -(-rows.numel() // self.block)
+            parts, done = solved[done:done + n_blocks], done + n_blocks
+            new = parts[0][0] if n_blocks == 1 else torch.cat([p for p, _, _ in parts])
+            changed = (new != self.perms[h][rows]).any(1)
+            self.perms[h][rows] = new
+            if self.signs:
+                new_sgn = parts[0][1] if n_blocks == 1 else torch.cat([sg for _, sg, _ in parts])
+                changed |= (new_sgn != self.sgn[h][rows]).any(1)
+                self.sgn[h][rows] = new_sgn
+            changes.append(changed)
+        return changes
 
-    def greedy(self, rows: Tensor, order: list[int]) -> None:
-        """Assign the layers one after another in ``order``, each from the tensors whose other axes are
-        already assigned: left to right this matches every neuron by its incoming weights given the
-        previous layer (as layer-wise OT fusion does, Singh & Jaggi, 2020), which recovers an exact
-        permuted copy in one pass."""
-        known: set[int] = set()
-        for h in order:
-            self.update(h, rows, known)
-            known.add(h)
+    def greedy(self, starts: list[tuple[Tensor, list[int]]]) -> None:
+        """Greedy passes ``(rows, order)``, all in step: each assigns the layers one after another in its
+        ``order``, each from the tensors whose other axes are already assigned. Left to right this matches
+        every neuron by its incoming weights given the previous layer (as layer-wise OT fusion does, Singh &
+        Jaggi, 2020), which recovers an exact permuted copy in one pass."""
+        for step in range(len(self.groups)):
+            self.update([(order[step], rows, set(order[:step])) for rows, order in starts])
 
     def descend(self, max_iter: int, fixed: Tensor, generator: torch.Generator | None) -> tuple[Tensor, int]:
         """Coordinate descent from the current elements. Each sweep visits the layers in the order ``fixed[k]``
@@ -249,7 +262,8 @@ class _Matcher:
         nothing. A layer whose neighbours (the groups acting on the same tensors) have not changed since it
         was last solved for a row would get the same cost matrix and the same assignment again, so it is
         skipped: the answer is that of the plain algorithm, with fewer Hungarian solves (its last, unchanging
-        sweep costs nothing). Returns ``(converged [K*B], sweeps)``."""
+        sweep costs nothing). At each step all rows (every candidate of every member) are solved together,
+        grouped by the layer they visit. Returns ``(converged [K*B], sweeps)``."""
         L = len(self.groups)
         active = torch.ones(self.n_rows, dtype=torch.bool, device=self.dev)
         stale = torch.ones(L, self.n_rows, dtype=torch.bool, device=self.dev)     # [layer, row]: must solve
@@ -261,27 +275,26 @@ class _Matcher:
             if self.K > fixed.shape[0]:
                 random = torch.rand(self.K - fixed.shape[0], L, generator=generator).argsort(1)
                 order = torch.cat([fixed, random])
-            order = order.to(self.dev)                                              # [K, L]
+            visits = order.to(self.dev)[candidate]                                  # [K*B, L]
             changed = torch.zeros(self.n_rows, dtype=torch.bool, device=self.dev)
             for step in range(L):
-                visit = order[candidate, step]                                      # [K*B]
-                for h in range(L):
-                    rows = (active & (visit == h) & stale[h]).nonzero().flatten()
-                    if rows.numel():
-                        moved = self.update(h, rows)
-                        changed[rows] |= moved
-                        stale[h, rows] = False
-                        for g in self.neighbours[h]:
-                            stale[g, rows[moved]] = True
+                visit = visits[:, step]                                             # [K*B]
+                due = (active & stale.gather(0, visit[None]).squeeze(0)).nonzero().flatten()
+                layer = visit[due]
+                jobs = [(h, due[layer == h], None) for h in layer.unique().tolist()]
+                for (h, rows, _), moved in zip(jobs, self.update(jobs)):
+                    changed[rows] |= moved
+                    stale[h, rows] = False
+                    for g in self.neighbours[h]:
+                        stale[g, rows[moved]] = True
             active &= changed
         return ~active, sweeps
 
-    def element(self, k: int) -> tuple[list[Tensor], list[Tensor]]:
-        rows = slice(k * self.B, (k + 1) * self.B)
-        return [p[rows] for p in self.perms], [s[rows] for s in self.sgn]
-
 
 STARTS = ("forward", "backward", "identity")
+
+#: bytes of moved candidates scored in one call at the end of weight matching
+SCORE_BYTES = 1 << 26
 
 
 def _match(spec: NetSpec, refs: list[Tensor], others: list[Tensor], *, signs: bool, max_iter: int, restarts: int,
@@ -308,16 +321,16 @@ def _match(spec: NetSpec, refs: list[Tensor], others: list[Tensor], *, signs: bo
     m = _Matcher(spec, refs, others, signs, K)
     rows = lambda k: torch.arange(k * B, (k + 1) * B, device=m.dev)  # noqa: E731
     ascending = torch.arange(L)
-    orders = []
+    orders, greedy = [], []
     for k, name in enumerate(starts):
-        if name == "forward":
-            m.greedy(rows(k), ascending.tolist())
-        elif name == "backward":
-            m.greedy(rows(k), ascending.flip(0).tolist())
+        order = ascending.flip(0) if name == "backward" else ascending
+        if name != "identity":
+            greedy.append((rows(k), order.tolist()))
         elif init is not None:
             for h in range(L):
                 m.perms[h][rows(k)] = init[h].long()
-        orders.append(ascending.flip(0) if name == "backward" else ascending)
+        orders.append(order)
+    m.greedy(greedy)
     # random starts: a deterministic start relabelled by a random element Q_k (shared by all members). As a
     # start this is as random as a uniform permutation, but when it is relabelled from a greedy solution the
     # starting *network* does not depend on how theta's neurons happen to be ordered (equivariance).
@@ -330,21 +343,26 @@ def _match(spec: NetSpec, refs: list[Tensor], others: list[Tensor], *, signs: bo
                 flips = (torch.rand(1, w, generator=generator) < 0.5).to(m.dtype).to(m.dev) * 2 - 1
                 m.sgn[h][rows(k)] = m.sgn[h][rows(anchor)].gather(1, q) * flips
     converged, sweeps = m.descend(max_iter, torch.stack(orders), generator)
-    # a loop over starts: each moves and scores the whole population; the best so far is kept, moved, so
-    # that the winner need not be permuted a second time
-    best = torch.zeros(B, dtype=torch.long, device=m.dev)
-    for k in range(K):
-        perms, sgn = m.element(k)
-        moved = [_act(spec, t, perms, sgn if signs else None) for t in others]
-        objective = sum((ref * t).sum(1) for ref, t in zip(refs, moved))
-        if k == 0:
-            best_objective, aligned = objective, moved
+    # every candidate is moved and scored, as many at once as SCORE_BYTES allows; the best so far is kept,
+    # moved, so that the winner need not be permuted a second time
+    member = torch.arange(B, device=m.dev)
+    per_call = max(1, SCORE_BYTES // (B * sum(t[0].numel() * t.element_size() for t in others)))
+    for first in range(0, K, per_call):
+        n = min(per_call, K - first)
+        cands = slice(first * B, (first + n) * B)
+        perms = [p[cands] for p in m.perms]
+        sgn = [s[cands] for s in m.sgn] if signs else None
+        moved = [_act(spec, t.repeat(n, 1), perms, sgn).view(n, B, -1) for t in others]
+        objective, pick = sum((ref * t).sum(2) for ref, t in zip(refs, moved)).max(0)   # the first of equals
+        moved = [t[pick, member] for t in moved]
+        if first == 0:
+            best, best_objective, aligned = pick, objective, moved
             continue
         better = objective > best_objective      # strictly: the first of equally good candidates wins
-        best = torch.where(better, k, best)
+        best = torch.where(better, pick + first, best)
         best_objective = torch.where(better, objective, best_objective)
         aligned = [torch.where(better[:, None], t, a) for t, a in zip(moved, aligned)]
-    pick = best * B + torch.arange(B, device=m.dev)
+    pick = best * B + member
     return {"perms": [p[pick] for p in m.perms], "signs": [s[pick] for s in m.sgn] if signs else None,
             "aligned": aligned, "objective": best_objective, "converged": converged[pick],
             "sweeps": sweeps, "candidates": K, "hungarian_seconds": m.hungarian_seconds}
