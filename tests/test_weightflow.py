@@ -873,3 +873,46 @@ def test_docstrings_point_to_the_chapters_instead_of_quoting_results():
         doc = re.sub(r"``[^`]*``|Table \d+\.\d+", "", inspect.getdoc(obj))   # settings in code markup; tables
         assert not measured.search(doc), (obj.__name__, measured.search(doc).group())
         assert chapter in doc, obj.__name__
+
+
+@pytest.mark.parametrize("field_kind", list(EMPTY_FIELDS))
+def test_every_field_follows_the_one_protocol(field_kind):
+    """Every field is a WeightField: its config rebuilds it, zero_ makes it zero everywhere, with_spec of its
+    own spec is itself, and an unanchored one refuses an anchor."""
+    from wsbook.weightflow import FIELDS, WeightField, field_from_config
+
+    spec, make = EMPTY_FIELDS[field_kind]
+    torch.manual_seed(0)
+    field = make(spec)
+    assert isinstance(field, WeightField) and FIELDS[field.kind] is type(field) and field.kind == field_kind
+    again = field_from_config(field.config())
+    again.load_state_dict(field.state_dict())
+    x, t = zoo(3, spec), torch.rand(3)
+    assert torch.equal(again(t, x), field(t, x))
+    assert field.with_spec(spec) is field
+    with pytest.raises(ValueError, match="anchored=False"):
+        field.set_anchor(x[0])
+    assert field.zero_() is field and torch.equal(field(t, x), torch.zeros_like(x))
+
+
+def test_an_analytic_field_samples_but_is_not_saved_and_with_field_keeps_the_scales():
+    class Drift(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rate = torch.nn.Parameter(torch.ones(()))
+
+        def forward(self, t, x):
+            return self.rate * torch.ones_like(x)
+
+    flow = WeightFlow(EuclideanChart(SPEC), Drift())
+    assert flow.sample(2, steps=2).shape == (2, SPEC.n_params)
+    for call in (flow.state_dict, lambda: flow.with_spec(SPEC)):
+        with pytest.raises(TypeError, match="not a WeightField"):
+            call()
+    with pytest.raises(TypeError, match="torch module"):
+        WeightFlow(EuclideanChart(SPEC), lambda t, x: x)
+    trained = WeightFlow(EuclideanChart(SPEC), FlatField(SPEC, hidden=8, depth=1))
+    trained.fit(zoo(8), steps=2, batch_size=4, progress=False)
+    moved = trained.with_field(trained.ema)
+    assert moved.field is trained.ema and torch.equal(moved.layer_scale, trained.layer_scale)
+    assert moved.settings() == trained.settings() and moved.chart is trained.chart

@@ -35,6 +35,7 @@ Everything expensive is cached with :mod:`wsbook.cache`; sizes come from :func:`
 """
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass
@@ -155,10 +156,11 @@ def _train(task: str, chart: str, settings: FlowSettings, seed: int) -> dict:
 def _train_kl(task: str, settings: FlowSettings, kl: KLSettings, seed: int) -> dict:
     from wsbook.experiments.tasks import get_task
 
-    flow = train_posterior_flow(task, "euclidean flow", seed)[0]
-    flow.field.load_state_dict(flow.ema.state_dict())     # continue from the sampling weights
-    if isinstance(flow.field, FlatField):                 # see FlatField: contract every weight on its own
-        flow.field = flow.field.with_diagonal()
+    draws_flow = train_posterior_flow(task, "euclidean flow", seed)[0]
+    field = copy.deepcopy(draws_flow.ema).requires_grad_(True)     # continue from the sampling weights
+    if isinstance(field, FlatField):                  # see FlatField: contract every weight on its own
+        field = field.with_diagonal()
+    flow = draws_flow.with_field(field)
     gen = torch.Generator().manual_seed(6_000 + seed)
     fit = fit_reverse_kl(flow, get_task(task).log_posterior(), steps=kl.steps, batch_size=kl.batch_size,
                          lr=kl.lr, ema_decay=kl.ema_decay, solver_steps=kl.solver_steps, generator=gen,
@@ -237,7 +239,7 @@ def _train_joint(task: str, settings: FlowSettings, joint: JointSettings, seed: 
               jacobian_penalty=joint.jacobian_penalty, generator=gen)
     first = fit_reverse_kl(flow, t.log_posterior(), steps=joint.density_steps, lr=joint.density_lr,
                            desc="posterior flow from VI fits, density", **kw)
-    flow.field.load_state_dict(flow.ema.state_dict())     # continue from the sampling weights
+    flow = flow.with_field(copy.deepcopy(flow.ema).requires_grad_(True))   # continue from the sampling weights
     second = fit_reverse_kl(flow, t.log_posterior(), steps=joint.steps, lr=joint.lr, networks=ref.theta,
                             forward_weight=joint.forward_weight, desc="posterior flow, density and draws", **kw)
     return {"state": flow.state_dict(), "seconds": time.perf_counter() - start, "density_losses": first.losses,

@@ -2,7 +2,8 @@
 
 * :mod:`~wsbook.weightflow.charts`: Euclidean, Normalized and Geometric charts (networks <-> points of a
   manifold, sources with exact log-densities, weight-space vectors -> tangent vectors).
-* :mod:`~wsbook.weightflow.fields`: vector fields over weights ``field(t, x)``: the equivariant GNN
+* :mod:`~wsbook.weightflow.fields`: vector fields over weights ``field(t, x)``, each a :class:`WeightField`
+  (the protocol the flow saves, anchors and transfers by): the equivariant GNN
   (:func:`gnn_field`), the DeepSets field over one hidden layer's neurons (:class:`NeuronField`), its
   graph-network counterpart for deeper MLPs (:class:`NeuronGraphField`) and the flat-MLP baseline
   (:class:`FlatField`).
@@ -20,11 +21,12 @@ package or ``experiments``: the populations it learns from are handed to it.
 from wsbook.weightflow.charts import (Chart, EuclideanChart, GeometricChart, NormalizedChart, chart_from_config,
                                       make_chart)
 from wsbook.weightflow.checkpoints import CheckpointError, load_checkpoints, save_checkpoints
-from wsbook.weightflow.fields import FlatField, NeuronField, NeuronGraphField, field_from_config, gnn_field
+from wsbook.weightflow.fields import (FIELDS, FlatField, GNNField, NeuronField, NeuronGraphField, WeightField,
+                                      field_from_config, gnn_field)
 from wsbook.weightflow.flow import FitResult, WeightFlow, reference_sample, sample_times
 from wsbook.weightflow.guidance import Guidance, task_gradient
 
 __all__ = ["Chart", "EuclideanChart", "NormalizedChart", "GeometricChart", "make_chart", "chart_from_config",
-           "gnn_field", "FlatField", "NeuronField", "NeuronGraphField", "field_from_config", "WeightFlow", "FitResult",
+           "WeightField", "FIELDS", "GNNField", "gnn_field", "FlatField", "NeuronField", "NeuronGraphField", "field_from_config", "WeightFlow", "FitResult",
            "reference_sample", "sample_times", "Guidance", "task_gradient", "load_checkpoints", "save_checkpoints",
            "CheckpointError"]

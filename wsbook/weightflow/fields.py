@@ -1,5 +1,14 @@
 """Vector fields over weights, all called as ``field(t, x)`` with ``x`` a population ``[B, D]`` in the spec's
 flat weight layout and ``t`` a scalar or ``[B]``; they return one number per weight and bias ``[B, D]``.
+Every one is a :class:`WeightField` (the protocol :class:`~wsbook.weightflow.WeightFlow` relies on to save,
+transfer, anchor and zero a field). Which one to use:
+
+* the neuron fields (:class:`NeuronField`, :class:`NeuronGraphField`) are the first choice for MLPs: each node
+  reads a whole hidden neuron, so a step is cheap and learns much; the results chapters' headline flows use
+  them (chapters 8 and 8b);
+* :func:`gnn_field` is the general equivariant field over the neural graph, for architectures and widths the
+  neuron fields do not cover, and for transfer between widths without an anchor;
+* :class:`FlatField` is the baseline every table holds the others to.
 
 * :func:`gnn_field` (:class:`GNNField`): the time-conditioned, equivariant weight-space GNN over the sparse
   neural graph (:class:`wsbook.graphs.WeightSpaceField`, Relational Transformer layers by default: at equal
@@ -52,8 +61,41 @@ class _Skip(nn.Module):
         return c[:, layer_of] * x
 
 
-class _Anchored:
-    """``set_anchor`` of the fields that can read an anchor network (``anchored=True``)."""
+def _zero_last_linear(module: nn.Module) -> None:
+    last = [m for m in module.modules() if isinstance(m, nn.Linear)][-1]
+    nn.init.zeros_(last.weight)
+    nn.init.zeros_(last.bias)
+
+
+class WeightField(nn.Module):
+    """The protocol of a vector field over the weights of networks of ``spec``.
+
+    A subclass sets ``kind`` (its name in :data:`FIELDS`), ``spec``, ``kwargs`` (the constructor's arguments
+    besides the spec, so that :meth:`config` rebuilds it) and ``anchored``, and implements ``forward(t, x)``
+    and :meth:`zero_`. :class:`~wsbook.weightflow.WeightFlow` checks the spec against its chart's, sets the
+    anchor of an anchored field before training, saves the field by :meth:`config` and moves it to other
+    widths by :meth:`with_spec`. A field of your own subclasses this and adds itself to :data:`FIELDS`.
+    """
+
+    kind: str = "field"
+    spec: MLPSpec
+    kwargs: dict
+    anchored: bool = False
+
+    def config(self) -> dict:
+        """Everything :func:`field_from_config` needs to rebuild the untrained field."""
+        return {"kind": self.kind, "widths": list(self.spec.widths), "activation": self.spec.activation,
+                **self.kwargs}
+
+    def with_spec(self, spec: MLPSpec) -> "WeightField":
+        """The same trained field on networks of ``spec`` (itself when ``spec`` is its own)."""
+        if spec == self.spec:
+            return self
+        raise ValueError(f"{type(self).__name__} exists for one architecture ({self.spec}); it cannot read {spec}")
+
+    def zero_(self) -> "WeightField":
+        """Make the field zero everywhere, in place (a flow then starts as its source; training corrects it)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement zero_")
 
     @torch.no_grad()
     def set_anchor(self, anchor: Tensor) -> None:
@@ -63,7 +105,7 @@ class _Anchored:
         self.anchor.copy_(self.spec.check(anchor.reshape(1, -1), "anchor"))
 
 
-class GNNField(_Anchored, nn.Module):
+class GNNField(WeightField):
     """``field(t, x)``: the weight-space GNN :class:`wsbook.graphs.WeightSpaceField` (equivariant head,
     time on every node and edge) on networks of ``spec``, plus an optional skip term.
 
@@ -91,6 +133,8 @@ class GNNField(_Anchored, nn.Module):
             network is trained, which local message passing can only average from many local guesses.
         core: an existing trained :class:`WeightSpaceField` and skip to share (used by :meth:`with_spec`).
     """
+
+    kind = "gnn"
 
     def __init__(self, spec: MLPSpec, layer: str = "relational_transformer", dim: int = 32, n_layers: int = 3,
                  heads: int = 1, attention: str = "neighbours", skip: bool = True, anchored: bool = False,
@@ -122,8 +166,11 @@ class GNNField(_Anchored, nn.Module):
             out = out + self.skip(t, x, self.layer_of)
         return out
 
-    def config(self) -> dict:
-        return {"kind": "gnn", "widths": list(self.spec.widths), "activation": self.spec.activation, **self.kwargs}
+    def zero_(self) -> "GNNField":
+        """Zero the node and edge read-outs and the skip term, in place: the field is zero everywhere."""
+        for head in (self.net.gnn.node_head, self.net.gnn.edge_head, *([self.skip.net] if self.skip else [])):
+            _zero_last_linear(head)
+        return self
 
     def with_spec(self, spec: MLPSpec) -> "GNNField":
         """The same trained module on networks of ``spec`` (another hidden width, same depth, inputs and
@@ -132,15 +179,15 @@ class GNNField(_Anchored, nn.Module):
         if len(spec.widths) != len(self.spec.widths) or spec.widths[0] != self.spec.widths[0] \
                 or spec.widths[-1] != self.spec.widths[-1]:
             raise ValueError(f"gnn_field.with_spec: {spec} must keep the depth, inputs and outputs of {self.spec}")
+        if spec == self.spec:
+            return self
         if self.anchored:
-            if spec == self.spec:
-                return self
             raise ValueError(f"gnn_field.with_spec: an anchored field reads an anchor network of {self.spec} and "
                              f"exists for that width only; train an unanchored gnn_field for width transfer to {spec}")
         return GNNField(spec, **self.kwargs, core=(self.net, self.skip)).to(self.layer_of.device)
 
 
-class FlatField(TimeMLP):
+class FlatField(TimeMLP, WeightField):
     """The plain baseline ``field(t, x)``: an MLP on ``[x, time features]`` (:class:`wsbook.flows.TimeMLP`).
     It ignores the symmetries and exists for one width only.
 
@@ -151,6 +198,8 @@ class FlatField(TimeMLP):
     reverse-KL posterior flow with the term (:func:`wsbook.experiments.posterior_flows.train_posterior_flow`)
     and compares it with mean-field VI. :meth:`with_diagonal` adds the term to a trained field.
     """
+
+    kind = "flat"
 
     def __init__(self, spec: MLPSpec, hidden: int = 256, depth: int = 3, diagonal: bool = False):
         super().__init__(spec.n_params, hidden=hidden, depth=depth)
@@ -179,9 +228,6 @@ class FlatField(TimeMLP):
             nn.init.zeros_(self.diagonal)
         return self
 
-    def config(self) -> dict:
-        return {"kind": "flat", "widths": list(self.spec.widths), "activation": self.spec.activation, **self.kwargs}
-
     def with_spec(self, spec: MLPSpec) -> "FlatField":
         if spec == self.spec:
             return self
@@ -189,7 +235,7 @@ class FlatField(TimeMLP):
                          f"it cannot read {spec}. Use gnn_field for width transfer")
 
 
-class NeuronField(_Anchored, nn.Module):
+class NeuronField(WeightField):
     """``field(t, x)`` for networks with one hidden layer (``in-H-out``), whose hidden neurons are
     exchangeable and whose inputs and outputs are not. Neuron ``j`` is the vector
     ``u_j = [W1[j, :], b1[j], W2[:, j]]`` (``in + 1 + out`` numbers); a DeepSets model (Zaheer et al.,
@@ -217,6 +263,8 @@ class NeuronField(_Anchored, nn.Module):
             network): equivariant in the pair; :meth:`with_spec` widens the anchor by repeating its
             neurons.
     """
+
+    kind = "neuron"
 
     def __init__(self, spec: MLPSpec, hidden: int = 256, depth: int = 2, attention_layers: int = 0, heads: int = 4,
                  anchored: bool = False):
@@ -268,9 +316,12 @@ class NeuronField(_Anchored, nn.Module):
         (w1, w2), (b1, b2) = self.spec.weights(x), self.spec.biases(x)
         return torch.cat([w1, b1[..., None], w2.transpose(1, 2)], -1), b2
 
-    def config(self) -> dict:
-        return {"kind": "neuron", "widths": list(self.spec.widths), "activation": self.spec.activation,
-                **self.kwargs}
+    def zero_(self) -> "NeuronField":
+        """Zero the decoders' output layers and the linear term, in place: the field is zero everywhere."""
+        _zero_last_linear(self.dec)
+        _zero_last_linear(self.head)
+        nn.init.zeros_(self.linear)
+        return self
 
     def with_spec(self, spec: MLPSpec) -> "NeuronField":
         """The same trained module on networks of another hidden width (same inputs and outputs).
@@ -285,6 +336,8 @@ class NeuronField(_Anchored, nn.Module):
                 or spec.widths[-1] != self.spec.widths[-1]:
             raise ValueError(f"NeuronField.with_spec: {spec} must keep the one hidden layer, inputs and outputs "
                              f"of {self.spec}")
+        if spec == self.spec:
+            return self
         h, wide = self.spec.widths[1], spec.widths[1]
         if self.anchored and wide < h:
             raise ValueError(f"NeuronField.with_spec: an anchored field of width {h} can widen its anchor (by "
@@ -303,7 +356,7 @@ def _mlp(n_in: int, hidden: int, n_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(n_in, hidden), nn.SiLU(), nn.Linear(hidden, n_out))
 
 
-class NeuronGraphField(_Anchored, nn.Module):
+class NeuronGraphField(WeightField):
     """``field(t, x)`` for MLPs with two or more hidden layers: a graph network over the hidden neurons
     whose nodes read their fixed-order weights whole, as :class:`NeuronField` does for one hidden layer.
 
@@ -333,6 +386,8 @@ class NeuronGraphField(_Anchored, nn.Module):
         anchored: read an anchor network beside ``x`` (as :class:`GNNField`'s ``anchored``): equivariant in
             the pair, for the anchor's widths only.
     """
+
+    kind = "neuron_graph"
 
     def __init__(self, spec: MLPSpec, hidden: int = 128, edge_dim: int = 32, rounds: int = 2, anchored: bool = False):
         super().__init__()
@@ -433,17 +488,15 @@ class NeuronGraphField(_Anchored, nn.Module):
             nn.init.zeros_(p)
         return self
 
-    def config(self) -> dict:
-        return {"kind": "neuron_graph", "widths": list(self.spec.widths), "activation": self.spec.activation,
-                **self.kwargs}
-
     def with_spec(self, spec: MLPSpec) -> "NeuronGraphField":
         """The same trained module on networks of other hidden widths (same depth, inputs and outputs)."""
         if not isinstance(spec, MLPSpec) or len(spec.widths) != len(self.spec.widths) \
                 or spec.widths[0] != self.spec.widths[0] or spec.widths[-1] != self.spec.widths[-1]:
             raise ValueError(f"NeuronGraphField.with_spec: {spec} must keep the depth, inputs and outputs of "
                              f"{self.spec}")
-        if self.anchored and spec != self.spec:
+        if spec == self.spec:
+            return self
+        if self.anchored:
             raise ValueError(f"NeuronGraphField.with_spec: an anchored field reads an anchor network of {self.spec} "
                              f"and exists for those widths only")
         new = NeuronGraphField(spec, **self.kwargs).to(self.linear_edges)
@@ -453,10 +506,10 @@ class NeuronGraphField(_Anchored, nn.Module):
 
 def gnn_field(spec: MLPSpec, layer: str = "relational_transformer", dim: int = 32, n_layers: int = 3,
               heads: int = 1, attention: str = "neighbours", skip: bool = True, anchored: bool = False,
-              global_context: bool = False) -> nn.Module:
-    """The book's vector field over weights: ``field(t, x)``, an equivariant, time-conditioned GNN on the
-    neural graph of ``spec`` (arguments as in :class:`GNNField`), with ``with_spec`` for width transfer
-    (unanchored fields)."""
+              global_context: bool = False) -> GNNField:
+    """The equivariant message-passing field: ``field(t, x)``, a time-conditioned GNN on the neural graph of
+    ``spec`` (arguments as in :class:`GNNField`), with ``with_spec`` for width transfer (unanchored fields).
+    For MLPs the neuron fields are cheaper per step (see the module docstring)."""
     return GNNField(spec, layer=layer, dim=dim, n_layers=n_layers, heads=heads, attention=attention, skip=skip,
                     anchored=anchored, global_context=global_context)
 
@@ -464,7 +517,7 @@ def gnn_field(spec: MLPSpec, layer: str = "relational_transformer", dim: int = 3
 FIELDS = {"gnn": GNNField, "flat": FlatField, "neuron": NeuronField, "neuron_graph": NeuronGraphField}
 
 
-def field_from_config(cfg: dict) -> nn.Module:
+def field_from_config(cfg: dict) -> WeightField:
     """Rebuild an (untrained) field from its ``config()``."""
     cfg = dict(cfg)
     kind = cfg.pop("kind")

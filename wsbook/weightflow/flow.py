@@ -36,7 +36,7 @@ from wsbook.loop import EMA, Minibatches, descend, make_optimizer, to_device
 from wsbook.manifolds import Euclidean
 from wsbook.nets import MLPSpec
 from wsbook.weightflow.charts import Chart, _align, chart_from_config
-from wsbook.weightflow.fields import field_from_config
+from wsbook.weightflow.fields import WeightField, field_from_config
 from wsbook.weightflow.guidance import Guidance
 
 PARAMETRIZATIONS = ("velocity", "endpoint")
@@ -81,10 +81,12 @@ class WeightFlow:
 
     Args:
         chart: where the flow runs (:class:`EuclideanChart`, :class:`NormalizedChart`, :class:`GeometricChart`).
-        field: ``field(t, x) -> [B, D]`` over the flat weight layout (:func:`gnn_field`, :class:`FlatField`,
-            :class:`NeuronField`, :class:`NeuronGraphField`). A field with a ``spec`` (all of these) must be
+        field: a :class:`~wsbook.weightflow.fields.WeightField` ``field(t, x) -> [B, D]`` over the flat weight
+            layout (:func:`gnn_field`, :class:`FlatField`, :class:`NeuronField`, :class:`NeuronGraphField`),
             built for the chart's spec: two architectures with the same number of parameters read each
-            other's weights as garbage, so another spec raises ``ValueError``.
+            other's weights as garbage, so another spec raises ``ValueError``. Any other module
+            ``field(t, x)`` (an analytic field, say) samples and scores too, but cannot be saved
+            (:meth:`state_dict`), anchored or moved to another width.
         parametrization: ``"velocity"`` (default) or ``"endpoint"`` (x1-prediction, the thesis's choice; its
             loss ``|x1_hat - x1|^2`` is the velocity loss weighted by ``(1 - t)^2``, so it spends little effort
             late in the path, where the sampler divides the guess's error by ``1 - t``).
@@ -107,7 +109,7 @@ class WeightFlow:
             network computes, is barely fitted (chapter 7 compares the layers' scales).
     """
 
-    def __init__(self, chart: Chart, field: nn.Module, *, parametrization: str = "velocity",
+    def __init__(self, chart: Chart, field: WeightField | nn.Module, *, parametrization: str = "velocity",
                  coupling: str = "independent", align_pairs: bool = False, time_distribution: str = "uniform",
                  path_sigma: float = 0.0, t_eps: float = 1e-3, loss_weighting: str = "layer"):
         if not isinstance(chart, Chart):
@@ -121,11 +123,13 @@ class WeightFlow:
                              f"got {time_distribution!r}")
         if loss_weighting not in LOSS_WEIGHTINGS:
             raise ValueError(f"WeightFlow: loss_weighting must be one of {LOSS_WEIGHTINGS}; got {loss_weighting!r}")
+        if not isinstance(field, nn.Module):
+            raise TypeError(f"WeightFlow: field must be a torch module field(t, x); got {type(field).__name__}")
         field_spec = getattr(field, "spec", None)
         if field_spec is not None and field_spec != chart.spec:
             raise ValueError(f"WeightFlow: the field is built for another architecture ({field_spec}) than the "
                              f"chart ({chart.spec}); build both for the same spec")
-        if align_pairs and getattr(field, "anchored", False):
+        if align_pairs and isinstance(field, WeightField) and field.anchored:
             raise ValueError("WeightFlow: align_pairs permutes targets away from the anchor's neuron order; an "
                              "anchored field needs align_pairs=False")
         self.chart, self.field = chart, field
@@ -274,7 +278,7 @@ class WeightFlow:
         with torch.no_grad():
             points = self.chart.to_points(networks)
         self.set_scale(points)
-        if getattr(self.field, "anchored", False):     # the mean training network, in the field's units
+        if isinstance(self.field, WeightField) and self.field.anchored:   # the mean training network, in its units
             with torch.no_grad():
                 self.field.set_anchor((self.chart.layout(points) / self._scale(points)).mean(0))
         device = next(self.field.parameters()).device
@@ -458,16 +462,30 @@ class WeightFlow:
     def with_spec(self, spec: MLPSpec) -> "WeightFlow":
         """This trained flow on networks of another hidden width (same depth, inputs and outputs): the chart
         for ``spec`` and the same field weights on the new neural graph."""
+        self._check_protocol("with_spec")
         new = WeightFlow(self.chart.with_spec(spec), self.field.with_spec(spec), **self.settings())
         new.ema = self.ema.with_spec(spec).requires_grad_(False)
         new.layer_scale = self.layer_scale.clone()
         return new
 
+    def with_field(self, field: WeightField | nn.Module) -> "WeightFlow":
+        """This flow (chart, settings and per-layer scales) with ``field`` in place of its own, used as given:
+        e.g. its sampling EMA, to train further from, or a trained field extended by a term
+        (:meth:`FlatField.with_diagonal`)."""
+        new = WeightFlow(self.chart, field, **self.settings())
+        new.layer_scale = self.layer_scale.clone()
+        return new
+
+    def _check_protocol(self, where: str) -> None:
+        if not isinstance(self.field, WeightField):
+            raise TypeError(f"{where}: the field {type(self.field).__name__} is not a WeightField (spec, config, "
+                            "with_spec); use gnn_field, FlatField, NeuronField or NeuronGraphField, or subclass "
+                            "wsbook.weightflow.WeightField")
+
     def state_dict(self) -> dict:
         """Everything needed to rebuild the flow, as tensors, numbers, strings and dicts (cacheable with
         :mod:`wsbook.cache`)."""
-        if not hasattr(self.field, "config"):
-            raise TypeError(f"state_dict: the field {type(self.field).__name__} has no config(); use gnn_field or FlatField")
+        self._check_protocol("state_dict")
         return {"chart": self.chart.config(), "field_config": self.field.config(), "settings": self.settings(),
                 "field": {k: v.detach().cpu() for k, v in self.field.state_dict().items()},
                 "ema": {k: v.detach().cpu() for k, v in self.ema.state_dict().items()},
