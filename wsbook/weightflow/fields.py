@@ -514,6 +514,7 @@ def gnn_field(spec: MLPSpec, layer: str = "relational_transformer", dim: int = 3
                     anchored=anchored, global_context=global_context)
 
 
+#: every field class by its ``kind`` (what :func:`field_from_config` rebuilds from a saved config)
 FIELDS = {"gnn": GNNField, "flat": FlatField, "neuron": NeuronField, "neuron_graph": NeuronGraphField}
 
 
