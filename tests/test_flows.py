@@ -94,13 +94,25 @@ def test_ot_coupling_cost_at_most_independent_and_is_a_permutation():
     assert abs(cost[torch.arange(6), perm].sum().item() - best) < 1e-5
 
 
+def test_small_batches_get_the_network_simplex_permutation():
+    # up to HUNGARIAN_MAX_BATCH points SciPy's Hungarian method assigns; it must agree with POT's network simplex
+    import ot
+    g = torch.Generator().manual_seed(5)
+    for n in (2, 17, flows.couplings.HUNGARIAN_MAX_BATCH):
+        for _ in range(5):
+            cost = torch.cdist(torch.randn(n, 2, generator=g), torch.randn(n, 2, generator=g) + 1) ** 2
+            a = np.full(n, 1.0 / n)
+            simplex = ot.emd(a, a, cost.double().numpy()).argmax(1)
+            assert torch.equal(flows.ot_assignment(cost), torch.as_tensor(simplex))
+
+
 def test_ot_failure_raises_instead_of_falling_back():
     with pytest.raises(ValueError, match="NaN"):
         flows.ot_assignment(torch.tensor([[0.0, float("nan")], [1.0, 0.0]]))
     import warnings
     with pytest.raises(RuntimeError, match="refusing"), warnings.catch_warnings():
         warnings.simplefilter("ignore")                       # POT also warns; the point is that we raise
-        flows.ot_assignment(torch.rand(64, 64), numitermax=3)
+        flows.ot_assignment(torch.rand(96, 96), numitermax=3)    # above HUNGARIAN_MAX_BATCH: the network simplex
     with pytest.raises(ValueError, match="equal shape"):
         flows.OTCoupling()(torch.zeros(4, 2), torch.zeros(5, 2))
 

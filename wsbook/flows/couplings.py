@@ -1,12 +1,14 @@
 """Couplings q(x0, x1) for conditional flow matching: independent pairs and minibatch exact optimal
 transport (Tong et al. 2023, "Improving and generalizing flow-based generative models with minibatch
-optimal transport"; Fatras et al. 2021), solved exactly with POT's network simplex (``ot.emd``).
+optimal transport"; Fatras et al. 2021), solved exactly: by SciPy's Hungarian method
+(``linear_sum_assignment``) for small batches, by POT's network simplex (``ot.emd``) above.
 """
 from __future__ import annotations
 
 import numpy as np
 import ot
 import torch
+from scipy.optimize import linear_sum_assignment
 
 from wsbook.manifolds import Manifold
 
@@ -31,9 +33,16 @@ class IndependentCoupling:
         return x0, x1
 
 
+#: largest batch assigned by SciPy's Hungarian method: up to about 64 points it is as fast as or faster than
+#: the network simplex, whose set-up over all n^2 arcs dominates there (benchmarks/bench_ot.py)
+HUNGARIAN_MAX_BATCH = 64
+
+
 def ot_assignment(cost: Tensor, numitermax: int = 1_000_000) -> Tensor:
     """Exact OT assignment between two equal-size uniform batches: the permutation ``perm`` minimising
-    sum_i cost[i, perm[i]] (a vertex of the Birkhoff polytope, found by POT's network simplex).
+    sum_i cost[i, perm[i]] (a vertex of the Birkhoff polytope), found by SciPy's Hungarian method for up to
+    ``HUNGARIAN_MAX_BATCH`` points and by POT's network simplex above. Both are exact, so they return the
+    same permutation whenever the optimum is unique.
 
     Raises ``RuntimeError`` if the solver does not reach an optimal permutation (never falls back).
     """
@@ -43,13 +52,19 @@ def ot_assignment(cost: Tensor, numitermax: int = 1_000_000) -> Tensor:
     m = cost.detach().to("cpu", torch.float64).numpy()
     if not np.isfinite(m).all():
         raise ValueError("ot_assignment: the cost matrix contains NaN or inf")
+    if n <= HUNGARIAN_MAX_BATCH:
+        return torch.as_tensor(linear_sum_assignment(m)[1], device=cost.device)
     a = np.full(n, 1.0 / n)
-    plan, log = ot.emd(a, a, m, numItermax=numitermax, log=True)
+    # the marginals are equal by construction and the dual potentials are not used, so POT's marginal check
+    # and dual centring (more than the solve itself costs at small batches) are skipped; the plan is the same
+    plan, log = ot.emd(a, a, m, numItermax=numitermax, log=True, center_dual=False, check_marginals=False)
     if log.get("result_code", 1) != 1 or log.get("warning"):
         raise RuntimeError(f"ot_assignment: POT's exact solver failed (code {log.get('result_code')}: "
                            f"{log.get('warning')}); refusing to fall back to the independent coupling")
     perm = plan.argmax(1)
-    if len(np.unique(perm)) != n or not np.allclose(plan[np.arange(n), perm], 1.0 / n, atol=1e-9):
+    # a permutation: every column taken once, each with mass 1/n (np.allclose's tolerance, written out)
+    mass = plan[np.arange(n), perm]
+    if np.bincount(perm, minlength=n).max(initial=0) > 1 or np.abs(mass - 1.0 / n).max(initial=0.0) > 1e-9 + 1e-5 / n:
         raise RuntimeError("ot_assignment: the optimal plan is not a permutation (degenerate solve)")
     return torch.as_tensor(perm, device=cost.device, dtype=torch.long)
 
