@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from wsbook import config, data  # noqa: E402
 from wsbook.nets import MLPSpec, train_population  # noqa: E402
 
-from timing import best_seconds  # noqa: E402
+from timing import best_seconds, matmul_gflops  # noqa: E402
 
 N_NETS, STEPS, BATCH = 256, 200, 64
 BASELINE_NETS = int(os.environ.get("BENCH_BASELINE_NETS", 64))  # the loop is linear in networks: time a slice
@@ -44,11 +44,6 @@ def module_loop_seconds(spec: MLPSpec, theta: torch.Tensor, x: torch.Tensor, y: 
             loss.backward()
             opt.step()
     return time.perf_counter() - start
-
-
-def matmul_gflops(n: int = 2048) -> float:
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    return 2 * n**3 / best_seconds(lambda: a @ b, repeats=10) / 1e9
 
 
 def main() -> None:

@@ -1,7 +1,10 @@
-"""Timing shared by the benchmark scripts: the fastest of a few repeats after one warm-up call."""
+"""Timing shared by the benchmark scripts: the fastest of a few repeats after one warm-up call, and the
+machine's matrix-multiply rate that compute-bound lines are a share of."""
 from __future__ import annotations
 
 import time
+
+import torch
 from typing import Callable
 
 
@@ -15,3 +18,9 @@ def best_seconds(fn: Callable[[], object], repeats: int = 3, warmup: bool = True
         fn()
         times.append(time.perf_counter() - start)
     return min(times)
+
+
+def matmul_gflops(n: int = 2048) -> float:
+    """GFLOP/s of an ``n x n`` float32 matrix product on the current torch threads (best of 10)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return 2 * n**3 / best_seconds(lambda: a @ b, repeats=10) / 1e9

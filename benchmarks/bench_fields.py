@@ -1,0 +1,77 @@
+"""How close each vector field's training step comes to this machine's matrix-multiply rate.
+
+For every field kind at the sizes the results chapters train it with at `default` (breast cancer 30-16-16-2:
+the neuron field, the flat baseline and the message-passing GNN of chapter 8; MNIST 784-10-10: the
+anchored neuron field, the flat baseline and the GNN of chapter 8b), one training step (the flow-matching
+loss on a minibatch of chart points, its backward pass) is counted in floating-point operations
+(``torch.utils.flop_counter``: matrix products and convolutions, the work a step must do) and timed (best of
+several after a warm-up). Prints ``field_flops_<task>_<kind>_batch<B>, achieved GFLOP/s, matmul GFLOP/s,
+share`` (``share`` = achieved / matmul rate of a large float32 product in the same run, on one thread).
+A field whose step spends its time in gathers, scatters, small kernels and Python has a small share.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from wsbook import config  # noqa: E402
+from wsbook.experiments import flows, mnist_flows as mf, targets  # noqa: E402
+from wsbook.nets import MLPSpec  # noqa: E402
+
+from timing import best_seconds, matmul_gflops  # noqa: E402
+
+
+def field_configs() -> dict[str, tuple[MLPSpec, flows.FlowConfig]]:
+    """``{"<task>_<kind>": (spec, FlowConfig)}`` of the fields the results chapters train at `default`."""
+    with config.at_scale("default"):
+        bc = MLPSpec(tuple(targets.ZOOS["breast_cancer"].widths))
+        mnist = MLPSpec(tuple(targets.ZOOS[mf.ZOO].widths))
+        return {"breast_cancer_neuron": (bc, flows.neuron_config()),
+                "breast_cancer_flat": (bc, flows.baseline_config()),
+                "breast_cancer_gnn": (bc, flows.flow_config("euclidean")),
+                "mnist_neuron": (mnist, mf.recipe_config(mf.NEURON_ANCHORED)),
+                "mnist_flat": (mnist, mf.recipe_config("plain_baseline")),
+                "mnist_gnn": (mnist, mf.recipe_config("geometric_aligned_ot"))}
+
+
+def training_step(spec: MLPSpec, cfg: flows.FlowConfig, seed: int = 0):
+    """A closure running one loss + backward of the flow ``cfg`` on a fixed minibatch (random networks
+    stand in for a zoo: the cost of a step does not depend on the weights)."""
+    gen = torch.Generator().manual_seed(seed)
+    nets = spec.init(cfg.batch_size, generator=gen, device="cpu")
+    with config.seeded(seed):
+        flow = flows.build_flow(spec, cfg, reference=nets[0])
+    points = flow.chart.to_points(nets)
+    flow.set_scale(points)
+    if cfg.anchored:
+        flow.field.set_anchor(flow.chart.layout(points).mean(0) / flow._scale(points))
+    x0 = flow.chart.sample_source(cfg.batch_size, gen)
+    t = torch.rand(cfg.batch_size, generator=gen)
+    params = list(flow.field.parameters())
+
+    def step() -> None:
+        for p in params:
+            p.grad = None
+        flow.loss(x0, points, t, check=False).backward()
+    return step
+
+
+def main() -> None:
+    torch.set_num_threads(1)     # one thread: the share of one core's matmul rate, stable on a shared machine
+    peak = matmul_gflops()
+    for name, (spec, cfg) in field_configs().items():
+        step = training_step(spec, cfg)
+        with FlopCounterMode(display=False) as counter:
+            step()
+        seconds = best_seconds(step, repeats=5)
+        achieved = counter.get_total_flops() / seconds / 1e9
+        print(f"field_flops_{name}_batch{cfg.batch_size}, {achieved:.2f}, {peak:.1f}, {achieved / peak:.2f}")
+        print(f"# {name}: {seconds * 1e3:.1f} ms per step, {counter.get_total_flops() / 1e9:.3f} GFLOP")
+
+
+if __name__ == "__main__":
+    main()
