@@ -8,6 +8,11 @@ loss on a minibatch of chart points, its backward pass) is counted in floating-p
 several after a warm-up). Prints ``field_flops_<task>_<kind>_batch<B>, achieved GFLOP/s, matmul GFLOP/s,
 share`` (``share`` = achieved / matmul rate of a large float32 product in the same run, on one thread).
 A field whose step spends its time in gathers, scatters, small kernels and Python has a small share.
+
+For the message-passing GNN also ``field_flops_<task>_gnn_edge_product``: the share reached by one plain
+``[edges x batch, dim] @ [dim, dim]`` product, the shape of every per-edge linear layer of its step, timed the
+same way. Its features are ``dim`` numbers per edge, so its products are too thin to run at the large
+product's rate; this line is the ceiling of such a layer on this machine.
 """
 from __future__ import annotations
 
@@ -71,6 +76,11 @@ def main() -> None:
         achieved = counter.get_total_flops() / seconds / 1e9
         print(f"field_flops_{name}_batch{cfg.batch_size}, {achieved:.2f}, {peak:.1f}, {achieved / peak:.2f}")
         print(f"# {name}: {seconds * 1e3:.1f} ms per step, {counter.get_total_flops() / 1e9:.3f} GFLOP")
+        if cfg.field == "gnn":
+            edges = cfg.batch_size * sum(i * o for i, o in zip(spec.widths[:-1], spec.widths[1:]))
+            a, w = torch.randn(edges, cfg.dim), torch.randn(cfg.dim, cfg.dim)
+            rate = 2 * edges * cfg.dim**2 / best_seconds(lambda: a @ w, repeats=10) / 1e9
+            print(f"field_flops_{name}_edge_product_{edges}x{cfg.dim}, {rate:.2f}, {peak:.1f}, {rate / peak:.2f}")
 
 
 if __name__ == "__main__":
