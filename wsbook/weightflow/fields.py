@@ -11,8 +11,8 @@ transfer, anchor and zero a field). Which one to use:
 * :class:`FlatField` is the baseline every table holds the others to.
 
 * :func:`gnn_field` (:class:`GNNField`): the time-conditioned, equivariant weight-space GNN over the sparse
-  neural graph (:class:`wsbook.graphs.WeightSpaceField`, Relational Transformer layers by default: at equal
-  width it trains faster per step than PNA on the book's networks, ``benchmarks/bench_weightflow.py``).
+  neural graph (:class:`wsbook.graphs.WeightSpaceField`, Relational Transformer layers by default; the
+  two layers' cost per step: ``benchmarks/bench_weightflow.py``).
   None of its parameters depends on the hidden widths, so :meth:`GNNField.with_spec` evaluates the same
   trained module on networks of another width.
 * :class:`FlatField`: the plain baseline, an MLP on the flat vector and time features (no symmetry, one
@@ -375,8 +375,8 @@ class NeuronGraphField(WeightField):
     The field is equivariant to permutations of every hidden layer and no parameter depends on a hidden
     width, so unanchored fields sample other widths (:meth:`with_spec`). Compared with
     :class:`GNNField`, which sees every weight through a small edge feature and sums over hundreds of
-    input edges, a node here sees its input weights as one vector: on breast cancer (30-16-16-2) it trains
-    in a fraction of the graph network's time per step (chapter 8).
+    input edges, a node here sees its input weights as one vector (chapter 8 compares the two fields'
+    cost and quality).
 
     Args:
         spec: an MLP with at least two hidden layers and biases.
