@@ -2,6 +2,12 @@
 setting, a published number or a cached run. Only chapters, benchmarks and the command line import it;
 the math packages never do.
 
+* :mod:`~wsbook.experiments.pipeline`: every flow the results chapters train, by target and recipe name:
+  ``pipeline.train(target, recipe, seed)`` and ``pipeline.sample(...)``, the one path the chapters and the
+  command line use. The analyses over trained flows live in :mod:`~wsbook.experiments.flows` (zoo flows,
+  scoring, the breast-cancer verdict), :mod:`~wsbook.experiments.mnist_flows` and
+  :mod:`~wsbook.experiments.posterior_flows`; :mod:`~wsbook.experiments.protocol` holds the
+  validation/test protocol (sealed test runs, mean and standard error over seeds, verdicts).
 * :mod:`~wsbook.experiments.tasks`: posterior tasks (data + architecture + prior) and cached posterior runs.
 * :mod:`~wsbook.experiments.zoos`: trained populations (cached).
 * :mod:`~wsbook.experiments.alignment`: alignment and canonicalization experiments (chapters 5 and 6).
