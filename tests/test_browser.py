@@ -142,6 +142,38 @@ def test_chapter_page_reads_cleanly(server, browser, page):
     assert not problems, "\n".join(problems)
 
 
+# The results pages show the networks themselves, not only tables: figure name -> what it draws.
+RESULT_FIGURES = {
+    "08b_mnist.html": ("fig-mn-accuracy", "fig-mn-pca", "fig-mn-first-layer"),
+    "08c_posterior.html": ("fig-post-points", "fig-post-reliability"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RESULT_FIGURES))
+def test_result_pages_show_the_networks(server, browser, name):
+    """Per-network accuracies, principal components of aligned weights and first layers as images (MNIST
+    page); the predictive test point by test point and a reliability diagram (posterior page): each a
+    named, captioned figure whose plot is drawn."""
+    page = next((p for p in chapter_pages() if p.name == name), None)
+    assert page is not None, f"no chapter page {name} in {HTML}"
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    tab = context.new_page()
+    tab.goto(f"{server}/{page.relative_to(HTML).as_posix()}", wait_until="load")
+    n_figures = page.read_text().count("Plotly.newPlot")
+    tab.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}",
+                          timeout=60_000)
+    found = tab.evaluate("""ids => ids.map(id => { const el = document.getElementById(id);
+        const fig = el && (el.tagName === 'FIGURE' ? el : el.closest('figure') || el.querySelector('figure'));
+        const cap = fig && fig.querySelector('figcaption');
+        return {id: id, figure: !!fig, drawn: !!(fig && fig.querySelector('.js-plotly-plot .main-svg')),
+                caption: cap ? cap.innerText.trim() : ''}; })""", list(RESULT_FIGURES[name]))
+    context.close()
+    problems = [f"{f['id']}: no figure with that name" for f in found if not f["figure"]]
+    problems += [f"{f['id']}: the plot is not drawn" for f in found if f["figure"] and not f["drawn"]]
+    problems += [f"{f['id']}: no caption" for f in found if f["figure"] and not f["caption"]]
+    assert not problems, "\n".join(problems)
+
+
 # hrefs of sphinx-book-theme's launch buttons: JupyterHub (nbgitpuller), Binder, Colab, Deepnote
 LAUNCH_HREF = re.compile(r'href="([^"]*(?:/git-pull\?|/v2/(?:gh|gl|git)/|colab\.research\.google\.com/github/'
                          r'|deepnote\.com/launch)[^"]*)"')
