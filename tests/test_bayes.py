@@ -314,3 +314,19 @@ def test_predictive_probs_is_one_function_and_its_blocks_change_no_number():
     torch.testing.assert_close(blocked, whole)
     torch.testing.assert_close(M.predictive_probs(spec, theta.double(), x), whole)       # moved to x's dtype
     torch.testing.assert_close(M.predictive_probs(spec, theta[2], x), whole[2:3])        # one [D] network
+
+
+def test_jacobian_equals_per_input_jacrev():
+    # one backward pass per output over per-input copies of the weights: the Jacobian of each member at each input
+    from torch.func import jacrev
+
+    from wsbook.bayes.laplace import jacobian
+    spec = MLPSpec((5, 7, 6, 3))
+    theta = spec.init(2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    J = jacobian(spec, theta, x)
+    assert J.shape == (2, 4, 3, spec.n_params)
+    for b in range(2):
+        for n in range(4):
+            ref = jacrev(lambda t: spec.forward(t.unsqueeze(0), x[n:n + 1])[0, 0])(theta[b])
+            torch.testing.assert_close(J[b, n], ref, rtol=1e-12, atol=1e-12)

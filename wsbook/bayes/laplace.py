@@ -32,17 +32,20 @@ from wsbook.nets import MLPSpec, check_task
 
 
 def jacobian(spec: MLPSpec, theta: Tensor, x: Tensor) -> Tensor:
-    """Output Jacobians of every member at every input: ``[B, N, out, D]`` (``torch.func``: jacrev of one
-    network at one input, vmapped over inputs and members; differentiating the whole batch's outputs at
-    once would pull every output back through all ``N`` inputs, ``N`` times the work)."""
-    from torch.func import jacrev, vmap
+    """Output Jacobians of every member at every input: ``[B, N, out, D]``.
 
-    theta = spec.check(theta)
-
-    def f(t: Tensor, xi: Tensor) -> Tensor:
-        return spec.forward(t.unsqueeze(0), xi.unsqueeze(0))[0, 0]
-
-    return vmap(vmap(jacrev(f), in_dims=(None, 0)), in_dims=(0, None))(theta.detach(), x)
+    Every input gets its own copy of its member's weights (a population of ``B * N`` networks with one input
+    each), so one backward pass per output gives the gradients at all inputs at once; differentiating the
+    batch's outputs through shared weights would pull every output back through all ``N`` inputs."""
+    theta = spec.check(theta).detach()
+    (B, D), N = theta.shape, x.shape[0]
+    with torch.enable_grad():
+        rows = theta.unsqueeze(1).expand(B, N, D).reshape(B * N, D).requires_grad_(True)
+        out = spec.forward(rows, x.unsqueeze(1).repeat(B, 1, 1))[:, 0, :]           # [B*N, out]
+        # one pass per output: a vmapped (is_grads_batched) backward costs more for a few outputs
+        grads = [torch.autograd.grad(out[:, c].sum(), rows, retain_graph=c < out.shape[1] - 1)[0]
+                 for c in range(out.shape[1])]
+    return torch.stack(grads, 1).view(B, N, -1, D)
 
 
 def output_hessian(spec: MLPSpec, theta: Tensor, x: Tensor, task: str, noise_std: float = 1.0) -> Tensor:
@@ -144,7 +147,9 @@ class LaplacePosterior:
         J = J * self._scale()[:, None, None, :]
         z = torch.randn(self.mean.shape[0], n, self.mean.shape[1], generator=generator,
                         dtype=self.mean.dtype).to(self.mean.device)
-        return f0.unsqueeze(1) + torch.einsum("bncd,bsd->bsnc", J, z)
+        # outputs kept class-major, [B, n, out, N] in memory (as the forward returns them): a softmax over few
+        # classes then runs along contiguous points
+        return f0.unsqueeze(1) + torch.einsum("bncd,bsd->bscn", J, z).transpose(2, 3)
 
     def predictive(self, x: Tensor, n: int = 100, method: str = "glm",
                    generator: torch.Generator | None = None) -> Tensor:
