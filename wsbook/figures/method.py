@@ -8,11 +8,17 @@
   Euclidean last layer: one arc per neuron, straight lines for the last layer.
 * :func:`neuron_in_graph`: a network's neural graph (:func:`~wsbook.figures.draw_neural_graph`) with one
   hidden neuron's node, incoming and outgoing edges highlighted.
+* :func:`decision_panels`: a grid of two-input classifiers, each drawn as its probability of class 1 over
+  the plane with the data on top (trained networks beside networks sampled from a flow).
+* :func:`flow_in_motion`: the same picture for a few networks along the flow's time ``t``, as plotly frames
+  with a slider and a play button (pure JavaScript: it moves in the static HTML book without a kernel).
 
 The functions draw what they are given; the chapter computes the points with :mod:`wsbook.manifolds`,
 :mod:`wsbook.symmetry` and :mod:`wsbook.flows`.
 """
 from __future__ import annotations
+
+from typing import Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -197,4 +203,138 @@ def neuron_in_graph(graph, theta: Tensor, layer: int, index: int, *, title: str 
     return fig
 
 
-__all__ = ["rescaling_orbit", "geodesic_and_chord", "product_path", "neuron_in_graph"]
+#: class 0 blue, undecided white, class 1 vermilion (the book's palette)
+_CLASS_COLORS = ("#0072B2", "#D55E00")
+_P1_SCALE = [[0.0, _CLASS_COLORS[0]], [0.5, "#FFFFFF"], [1.0, _CLASS_COLORS[1]]]
+
+
+def _square_grid(grid: Tensor) -> tuple[np.ndarray, np.ndarray, int]:
+    g = _np(grid)
+    side = int(round(len(g) ** 0.5))
+    if g.ndim != 2 or g.shape[1] != 2 or side * side != len(g):
+        raise ValueError(f"expected a square 2-D grid [side * side, 2], x fastest; got {g.shape}")
+    return g[:side, 0], g[::side, 1], side
+
+
+def _percent(p1: np.ndarray, side: int) -> np.ndarray:
+    """p(class 1) in whole percent as bytes: a figure's frames stay a quarter of their float32 size."""
+    return np.clip(np.rint(100.0 * p1.reshape(side, side)), 0, 100).astype(np.uint8)
+
+
+def _p1_contour(z: np.ndarray, gx: np.ndarray, gy: np.ndarray, *, showscale: bool) -> go.Contour:
+    return go.Contour(z=z, x=gx.astype(np.float32), y=gy.astype(np.float32), zmin=0, zmax=100, colorscale=_P1_SCALE, showscale=showscale,
+                      contours=dict(coloring="heatmap", start=50, end=50, size=1, showlabels=False),
+                      line=dict(color="#000000", width=1.5), name="p(class 1)",
+                      colorbar=dict(title=dict(text="p(class 1), %"), len=0.8, thickness=12),
+                      hovertemplate="x1 %{x:.2f}, x2 %{y:.2f}: p(class 1) %{z} %<extra></extra>")
+
+
+def _data_points(x: Tensor, y: Tensor) -> go.Scatter:
+    px, labels = _np(x).astype(np.float32), _np(y).astype(np.uint8)
+    return go.Scatter(x=px[:, 0], y=px[:, 1], mode="markers", showlegend=False, hoverinfo="skip",
+                      marker=dict(size=3.5, color=labels, cmin=0, cmax=1, showscale=False,
+                                  colorscale=[[0.0, _CLASS_COLORS[0]], [1.0, _CLASS_COLORS[1]]],
+                                  line=dict(width=0.5, color="#FFFFFF")))
+
+
+def _square_panels(fig: go.Figure, n: int, cols: int, gx: np.ndarray, gy: np.ndarray) -> None:
+    """Equal x and y scales on every panel (a circle of the plane stays round), axes tight on the grid,
+    y tick labels on the first column only (they would run into the panel on their left)."""
+    for k in range(n):
+        suffix = "" if k == 0 else str(k + 1)
+        fig.layout["xaxis" + suffix].update(range=[float(gx[0]), float(gx[-1])], constrain="domain")
+        fig.layout["yaxis" + suffix].update(range=[float(gy[0]), float(gy[-1])], constrain="domain",
+                                            scaleanchor="x" + suffix, scaleratio=1,
+                                            showticklabels=k % cols == 0)
+
+
+def decision_panels(grid: Tensor, p1: Mapping[str, Tensor], x: Tensor, y: Tensor, *, cols: int = 4,
+                    title: str = "") -> go.Figure:
+    """Two-input binary classifiers side by side: each panel is one network's probability of class 1 over
+    the plane (blue class 0, white undecided, vermilion class 1; the black line is its decision boundary,
+    ``p = 0.5``), with the data points on top, on equal x and y scales.
+
+    See chapter 7, "Two-moons networks from a flow".
+
+    Args:
+        grid: the square grid of inputs ``[side * side, 2]``, x fastest (as ``Task.grid``).
+        p1: panel title -> the network's ``p(class 1)`` on the grid ``[side * side]``.
+        x: data inputs ``[N, 2]`` drawn on every panel.
+        y: data labels ``[N]`` (0 or 1).
+        cols: panels per row.
+        title: figure title.
+    """
+    gx, gy, side = _square_grid(grid)
+    names = list(p1)
+    rows = (len(names) + cols - 1) // cols
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=names, horizontal_spacing=0.03,
+                        vertical_spacing=0.14)
+    for k, name in enumerate(names):
+        r, c = k // cols + 1, k % cols + 1
+        fig.add_trace(_p1_contour(_percent(_np(p1[name]), side), gx, gy, showscale=k == 0), row=r, col=c)
+        fig.add_trace(_data_points(x, y), row=r, col=c)
+    _square_panels(fig, len(names), cols, gx, gy)
+    fig.update_xaxes(title_text="x<sub>1</sub>", row=rows)
+    fig.update_yaxes(title_text="x<sub>2</sub>", col=1)
+    fig.update_layout(title=title, height=235 * rows + 150, showlegend=False)
+    return fig
+
+
+def flow_in_motion(grid: Tensor, p1: Tensor, times: Tensor, x: Tensor, y: Tensor, *,
+                   names: Sequence[str] | None = None, title: str = "") -> go.Figure:
+    """A few networks along a flow, from their source points (``t = 0``) to the sampled networks
+    (``t = 1``): one panel per network showing its ``p(class 1)`` over the plane as in
+    :func:`decision_panels`, one plotly frame per time, a slider over ``t`` and a play button.
+
+    The frames carry only the probabilities (whole percent, one byte per grid point); the slider and the
+    animation are plotly.js, so the figure moves in the static HTML book. See chapter 7, "Two-moons
+    networks from a flow".
+
+    Args:
+        grid: the square grid of inputs ``[side * side, 2]``, x fastest.
+        p1: ``p(class 1)`` of every network at every time on the grid ``[T, n, side * side]``.
+        times: the times of the frames ``[T]`` (increasing, from 0 to 1).
+        x: data inputs ``[N, 2]`` drawn on every panel.
+        y: data labels ``[N]`` (0 or 1).
+        names: panel titles (default ``network 1`` ... ``network n``).
+        title: figure title.
+    """
+    gx, gy, side = _square_grid(grid)
+    p, t = _np(p1), _np(times).reshape(-1)
+    if p.ndim != 3 or p.shape[2] != side * side or p.shape[0] != len(t):
+        raise ValueError(f"flow_in_motion: expected p1 [T, n, {side * side}] and times [T]; got {p.shape}, {t.shape}")
+    n = p.shape[1]
+    names = list(names) if names is not None else [f"network {k + 1}" for k in range(n)]
+    if len(names) != n:
+        raise ValueError(f"flow_in_motion: {len(names)} names for {n} networks")
+    fig = make_subplots(rows=1, cols=n, subplot_titles=names, horizontal_spacing=0.03)
+    for k in range(n):           # traces 0, 2, 4, ...: the contours; 1, 3, ...: the data
+        fig.add_trace(_p1_contour(_percent(p[0, k], side), gx, gy, showscale=k == 0), row=1, col=k + 1)
+        fig.add_trace(_data_points(x, y), row=1, col=k + 1)
+    contours = [2 * k for k in range(n)]
+    labels = [f"{s:.2f}".rstrip("0").rstrip(".") if s not in (0.0, 1.0) else f"{s:.0f}" for s in t]
+    fig.frames = [go.Frame(name=labels[i], traces=contours,
+                           data=[go.Contour(z=_percent(p[i, k], side)) for k in range(n)])
+                  for i in range(len(t))]
+    _square_panels(fig, n, n, gx, gy)
+    fig.update_xaxes(title_text="x<sub>1</sub>")
+    fig.update_yaxes(title_text="x<sub>2</sub>", col=1)
+
+    def play(duration: int) -> dict:   # contours are redrawn, not tweened
+        return dict(frame=dict(duration=duration, redraw=True), mode="immediate", fromcurrent=True,
+                    transition=dict(duration=0))
+
+    fig.update_layout(
+        title=title, height=430, showlegend=False, margin=dict(b=150),
+        sliders=[dict(active=0, x=0.08, len=0.92, y=0, yanchor="top", pad=dict(t=60),
+                      currentvalue=dict(prefix="t = ", xanchor="right", font=dict(size=14)),
+                      steps=[dict(method="animate", label=s, args=[[s], play(0)]) for s in labels])],
+        updatemenus=[dict(type="buttons", direction="left", showactive=False, x=0.0, y=0, xanchor="left",
+                          yanchor="top", pad=dict(t=72, r=10),
+                          buttons=[dict(label="▶", method="animate", args=[None, play(350)])])],
+    )
+    return fig
+
+
+__all__ = ["rescaling_orbit", "geodesic_and_chord", "product_path", "neuron_in_graph", "decision_panels",
+           "flow_in_motion"]
