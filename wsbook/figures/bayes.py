@@ -86,7 +86,7 @@ def regression_panels(x_grid: Tensor, runs: Mapping[str, Tensor], x_train: Tenso
 def entropy_maps(grid: Tensor, probs: Mapping[str, Tensor], x: Tensor, y: Tensor, cols: int = 4,
                  title: str = "", zmax: float | None = None) -> go.Figure:
     """Predictive entropy ``H[p(y|x, D)]`` of each method's model average ``probs[name] = [N_grid, C]`` on a
-    square 2-D grid, with the data on top.
+    square 2-D grid, with the data on top; every panel is square (equal scales on the two inputs).
 
     See chapter 2, "Two moons: where is each method uncertain?".
 
@@ -109,5 +109,14 @@ def entropy_maps(grid: Tensor, probs: Mapping[str, Tensor], x: Tensor, y: Tensor
     gy = grid[::side, 1].cpu().numpy()
     z = {name: predictive_entropy(p).view(side, side).cpu().numpy() for name, p in probs.items()}
     zmax = float(np.log(n_classes.pop())) if zmax is None else zmax
-    return style.heatmap_grid(z, gx, gy, cols=cols, title=title, zmin=0.0, zmax=zmax,
-                              points=(x[:, 0].cpu().numpy(), x[:, 1].cpu().numpy(), y.cpu().numpy()))
+    fig = style.heatmap_grid(z, gx, gy, cols=cols, title=title, zmin=0.0, zmax=zmax,
+                             points=(x[:, 0].cpu().numpy(), x[:, 1].cpu().numpy(), y.cpu().numpy()))
+    # one unit of x1 is as long as one of x2: square panels of the square grid, not stretched to the row
+    for k in range(len(z)):
+        axis = "" if k == 0 else str(k + 1)
+        fig.layout["xaxis" + axis].update(range=[float(gx[0]), float(gx[-1])], constrain="domain")
+        fig.layout["yaxis" + axis].update(range=[float(gy[0]), float(gy[-1])], constrain="domain",
+                                          scaleanchor="x" + axis, scaleratio=1)
+    rows = (len(z) + cols - 1) // cols
+    fig.update_layout(height=240 * rows + 130)
+    return fig
