@@ -174,6 +174,61 @@ def test_result_pages_show_the_networks(server, browser, name):
     assert not problems, "\n".join(problems)
 
 
+# Figures with a slider over plotly frames (chapter 7's flow in motion): every step names a frame, and the
+# slider moves the figure in the static page, without a kernel.
+SLIDER_CHECK = """
+async () => { const out = [];
+  for (const gd of Array.from(document.querySelectorAll('.js-plotly-plot'))) {
+    const L = gd._fullLayout || {};
+    if (!L.sliders || !L.sliders.length) { continue; }
+    const frames = ((gd._transitionData || {})._frames || []).map(f => f.name);
+    const steps = L.sliders[0].steps.map(s => (s.args && s.args[0] || [])[0]);
+    const z = () => (gd.querySelector('.cartesianlayer') || gd).innerHTML;   // what the panels draw
+    let error = null, moved = null;
+    try {
+      const go = name => Plotly.animate(gd, [name], {frame: {duration: 0, redraw: true}, mode: 'immediate',
+                                                     transition: {duration: 0}});
+      await go(steps[0]); const first = z();
+      await go(steps[steps.length - 1]); moved = z() !== first;
+    } catch (e) { error = String(e); }
+    out.push({title: (L.title && L.title.text) || '', frames: frames, steps: steps, moved: moved, error: error});
+  }
+  return out; }
+"""
+
+
+@pytest.mark.parametrize("page", chapter_pages(), ids=lambda p: p.name)
+def test_slider_figures_move_without_a_kernel(server, browser, page):
+    """A figure with a slider has one frame per slider step (at least two), and moving from the first step
+    to the last redraws its panels, in the static HTML page."""
+    html = page.read_text()
+    if '"sliders"' not in html:
+        pytest.skip("no slider figure on this page")
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    tab = context.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
+    tab.goto(f"{server}/{page.relative_to(HTML).as_posix()}", wait_until="load")
+    n_figures = html.count("Plotly.newPlot")
+    tab.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}",
+                          timeout=60_000)
+    # a figure with frames plays once when the page opens: let it finish before moving the slider
+    tab.wait_for_function("Array.from(document.querySelectorAll('.js-plotly-plot'))"
+                          ".every(gd => !gd._transitionData || !gd._transitionData._animationRaf)",
+                          timeout=60_000)
+    found = tab.evaluate(SLIDER_CHECK)
+    context.close()
+    assert found, "the page has a slider in its HTML but no plotly figure with one"
+    problems = list(errors)
+    for f in found:
+        name = f"figure {f['title'][:50]!r}"
+        if len(f["steps"]) < 2 or sorted(f["steps"]) != sorted(f["frames"]):
+            problems.append(f"{name}: slider steps {f['steps']} do not name its frames {f['frames']}")
+        if f["error"] or not f["moved"]:
+            problems.append(f"{name}: moving the slider did not redraw the figure ({f['error']})")
+    assert not problems, "\n".join(problems)
+
+
 # hrefs of sphinx-book-theme's launch buttons: JupyterHub (nbgitpuller), Binder, Colab, Deepnote
 LAUNCH_HREF = re.compile(r'href="([^"]*(?:/git-pull\?|/v2/(?:gh|gl|git)/|colab\.research\.google\.com/github/'
                          r'|deepnote\.com/launch)[^"]*)"')
