@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from wsbook import config
 from wsbook.experiments import flows, mnist_flows as mf, posterior_flows as pf
 from wsbook.weightflow import WeightFlow
 
@@ -117,7 +118,8 @@ def sample(target: str, name: str, n: int | None = None, *, seed: int = 0, sampl
     """``n`` networks of the trained flow ``name`` (:func:`train` with ``seed``): ``(theta [n, D], seconds)``.
 
     Zoo samples are cached by ``sample_seed``; posterior samples are drawn from ``generator`` (default: one
-    seeded with ``sample_seed``), cheaply, as many times as a chapter asks.
+    seeded with ``sample_seed``, else the book's :func:`wsbook.config.generator`), cheaply, as many times as a
+    chapter asks.
 
     Args:
         target, name, seed: the trained flow, as in :func:`train`.
@@ -154,6 +156,7 @@ def sample(target: str, name: str, n: int | None = None, *, seed: int = 0, sampl
                                  guidance=lam, seed=seed, sample_seed=1 if sample_seed is None else sample_seed)
     if guided is not None:
         raise ValueError("sample: posterior flows are not guided here (see posterior_flows.guided)")
-    gen = generator if generator is not None else torch.Generator().manual_seed(sample_seed or 0)
-    theta, _, seconds = pf.sample_flow(train(target, name, seed).flow, n, gen, steps)
+    if generator is None:
+        generator = config.generator() if sample_seed is None else torch.Generator().manual_seed(sample_seed)
+    theta, _, seconds = pf.sample_flow(train(target, name, seed).flow, n, generator, steps)
     return theta, seconds
