@@ -330,3 +330,22 @@ def test_jacobian_equals_per_input_jacrev():
         for n in range(4):
             ref = jacrev(lambda t: spec.forward(t.unsqueeze(0), x[n:n + 1])[0, 0])(theta[b])
             torch.testing.assert_close(J[b, n], ref, rtol=1e-12, atol=1e-12)
+
+
+def test_hmc_draws_do_not_depend_on_how_the_forward_views_the_weights(monkeypatch):
+    """HMC on a ReLU MLP posterior gives the same draws, bit for bit, with the library's forward (split
+    views, in-place ReLU) and with the per-layer slice reference of tests/test_nets.py."""
+    from test_nets import _reference_forward
+    from wsbook import nets
+
+    g = torch.Generator().manual_seed(0)
+    spec = MLPSpec((6, 8, 8, 3))
+    x = torch.randn(50, 6, generator=g, dtype=torch.float64)
+    lp = bayes.LogPosterior(spec, x, torch.randint(0, 3, (50,), generator=g))
+    theta0 = lp.init(6, generator=g, dtype=torch.float64)
+    runs = []
+    for forward in (nets.MLPSpec.forward, lambda self, t, xx: _reference_forward(self, t, xx)):
+        monkeypatch.setattr(nets.MLPSpec, "forward", forward)
+        runs.append(bayes.hmc(lp, theta0, n_samples=10, n_warmup=10, n_leapfrog=5, step_size=0.02,
+                              generator=torch.Generator().manual_seed(1), progress=False))
+    assert torch.equal(runs[0].samples, runs[1].samples) and torch.equal(runs[0].log_prob, runs[1].log_prob)

@@ -312,3 +312,45 @@ def test_accuracy_is_one_definition_for_networks_and_for_predictives():
     assert torch.equal(accuracy(spec, theta, x, y), expected)
     assert torch.equal(bayes.accuracy(logits, y), expected)
     assert torch.equal(bayes.accuracy(bayes.predictive_probs(spec, theta, x), y), expected)
+
+
+def _reference_forward(spec: MLPSpec, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The feature-major forward with one slice view per layer and out-of-place activations: what
+    MLPSpec.forward computes, written without its split views and in-place ReLU."""
+    B = theta.shape[0]
+    h_t = x.transpose(-2, -1)
+    for layer, (o, i) in enumerate(spec.layer_shapes):
+        w_slice, b_slice = spec.slices(layer)
+        w = theta[:, w_slice].reshape(B, o, i)
+        b = theta[:, b_slice] if b_slice is not None else None
+        if layer == 0 and x.dim() == 2:
+            if b is not None:
+                w_aug = torch.cat([w, b.unsqueeze(2)], dim=2).reshape(B * o, i + 1)
+                z = (w_aug @ torch.cat([h_t, h_t.new_ones(1, h_t.shape[1])], dim=0)).view(B, o, -1)
+            else:
+                z = (w.reshape(B * o, i) @ h_t).view(B, o, -1)
+        else:
+            z = torch.baddbmm(b.unsqueeze(2), w, h_t) if b is not None else torch.bmm(w, h_t)
+        if layer == spec.n_layers - 1:
+            return z.transpose(1, 2)
+        h_t = spec.act(z)
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh"])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_forward_and_gradient_equal_the_per_layer_slice_reference_bit_for_bit(activation, bias, shared, dtype):
+    g = torch.Generator().manual_seed(0)
+    spec = MLPSpec((30, 16, 16, 2), activation=activation, bias=bias)
+    theta = spec.init(32, generator=g, device="cpu", dtype=dtype)
+    x = torch.randn(341, 30, generator=g, dtype=dtype)
+    x = x if shared else x.expand(32, 341, 30).contiguous()
+    upstream = torch.randn(32, 341, 2, generator=g, dtype=dtype)
+    results = []
+    for forward in (spec.forward, lambda t, xx: _reference_forward(spec, t, xx)):
+        t = theta.clone().requires_grad_(True)
+        out = forward(t, x)
+        (grad,) = torch.autograd.grad((out * upstream).sum(), t)
+        results.append((out.detach(), grad))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])

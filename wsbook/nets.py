@@ -202,17 +202,22 @@ class MLPSpec:
 
     def weights(self, theta: Tensor) -> list[Tensor]:
         """Per-layer weight views ``[B, out, in]`` (no copies)."""
-        theta = self.check(theta)
-        out = []
-        for layer, (o, i) in enumerate(self.layer_shapes):
-            w, _ = self.slices(layer)
-            out.append(theta[:, w].view(theta.shape[0], o, i) if theta.is_contiguous() else theta[:, w].reshape(-1, o, i))
-        return out
+        return self.layers(theta)[0]
 
     def biases(self, theta: Tensor) -> list[Tensor | None]:
         """Per-layer bias views ``[B, out]`` (``None`` for a spec without biases)."""
+        return self.layers(theta)[1]
+
+    def layers(self, theta: Tensor) -> tuple[list[Tensor], list[Tensor | None]]:
+        """Per-layer weight views ``[B, out, in]`` and bias views ``[B, out]`` (``None`` without biases).
+
+        One ``split`` of the flat vector: its backward writes all layers' gradients in one concatenation,
+        where a slice per layer would each scatter into a zero ``[B, D]`` gradient that is then summed.
+        """
         theta = self.check(theta)
-        return [theta[:, self.slices(layer)[1]] if self.bias else None for layer in range(self.n_layers)]
+        parts = theta.split([n for start, w_end, b_end in self._offsets for n in (w_end - start, b_end - w_end)], 1)
+        ws = [w.unflatten(1, shape) for w, shape in zip(parts[::2], self.layer_shapes)]
+        return ws, list(parts[1::2]) if self.bias else [None] * self.n_layers
 
     def pack(self, weights: Sequence[Tensor], biases: Sequence[Tensor | None] | None = None) -> Tensor:
         """Inverse of :meth:`weights` / :meth:`biases`: concatenate per-layer tensors into ``[B, D]``."""
@@ -242,7 +247,7 @@ class MLPSpec:
             raise ValueError(f"x must be [N, {self.widths[0]}] or [B, N, {self.widths[0]}]; got {tuple(x.shape)}")
         if x.dim() == 3 and x.shape[0] != B:
             raise ValueError(f"x has {x.shape[0]} input batches but theta has {B} networks")
-        ws, bs = self.weights(theta), self.biases(theta)
+        ws, bs = self.layers(theta)
         # Hidden states are kept feature-major, [B, width, N]: every product below then reads and writes
         # contiguous memory (BLAS takes the transposes as flags), so no layer copies its activations.
         # The output is returned as a [B, N, out] view of a [B, out, N] tensor (softmax over classes then
@@ -257,17 +262,18 @@ class MLPSpec:
                 if b is not None:
                     w_aug = torch.cat([w, b.unsqueeze(2)], dim=2).reshape(B * o, i + 1)
                     x_aug = torch.cat([h_t, h_t.new_ones(1, h_t.shape[1])], dim=0)
-                    z = (w_aug @ x_aug).view(B, o, -1)
+                    z = w_aug @ x_aug               # [B*o, N]
                 else:
-                    z = (w.reshape(B * o, i) @ h_t).view(B, o, -1)
+                    z = w.reshape(B * o, i) @ h_t
             elif b is not None:
                 z = torch.baddbmm(b.unsqueeze(2), w, h_t)
             else:
                 z = torch.bmm(w, h_t)
             if layer == self.n_layers - 1:
-                out = z.transpose(1, 2)
+                out = z.view(B, o, -1).transpose(1, 2)
                 return (out, hidden) if return_hidden else out
-            h_t = self.act(z)
+            # no backward needs the fresh product z: a ReLU overwrites it (one activation buffer fewer)
+            h_t = (torch.relu_(z) if self.activation == "relu" else self.act(z)).view(B, o, -1)
             if return_hidden:
                 hidden.append(h_t.transpose(1, 2))
         raise AssertionError("unreachable")
