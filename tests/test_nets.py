@@ -354,3 +354,13 @@ def test_forward_and_gradient_equal_the_per_layer_slice_reference_bit_for_bit(ac
         (grad,) = torch.autograd.grad((out * upstream).sum(), t)
         results.append((out.detach(), grad))
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+def test_minibatch_rows_are_taken_as_advanced_indexing_would():
+    from wsbook.nets import _take_rows
+
+    g = torch.Generator().manual_seed(0)
+    x, y, targets = torch.randn(50, 7, generator=g), torch.randint(0, 3, (50,), generator=g), torch.randn(50, 2)
+    for idx in (torch.randint(0, 50, (9,), generator=g), torch.randint(0, 50, (4, 9), generator=g)):
+        for data_ in (x, y, targets):
+            assert torch.equal(_take_rows(data_, idx), data_[idx])

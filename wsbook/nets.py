@@ -603,6 +603,12 @@ def _accumulate_gradients(spec: MLPSpec, theta: Tensor, x: Tensor, y: Tensor, ta
     return total
 
 
+def _take_rows(data: Tensor, idx: Tensor) -> Tensor:
+    """``data[idx]`` for indices of any shape: ``index_select`` copies whole rows, where advanced
+    indexing gathers element by element (6x slower for the population's minibatches)."""
+    return data.index_select(0, idx.reshape(-1)).unflatten(0, idx.shape)
+
+
 @dataclass
 class TrainResult:
     """What :func:`train_population` returns: final weights, per-step per-member losses, optional checkpoints."""
@@ -704,7 +710,7 @@ def train_population(
 
     def step_fn(step: int) -> Tensor:
         idx = batches(step)
-        xb, yb = (x, y) if idx is None else (x[idx], y[idx])
+        xb, yb = (x, y) if idx is None else (_take_rows(x, idx), _take_rows(y, idx))
         return _accumulate_gradients(spec, param, xb, yb, task, chunk_size)
 
     def keep(step: int) -> None:
