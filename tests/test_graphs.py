@@ -300,6 +300,25 @@ def test_all_attention_keeps_graphs_of_different_sizes_apart():
     torch.testing.assert_close(e_mixed, torch.cat([e_a, e_b]), atol=1e-5, rtol=0)
 
 
+def test_all_attention_in_blocks_of_graphs_equals_the_whole_batch(monkeypatch):
+    """All-pairs attention runs a few graphs at a time; blocks of one graph each give the same outputs as the
+    whole mixed-size batch at once (padding and mask included)."""
+    from wsbook.graphs import GraphBatch, RelationalTransformerLayer, layers
+
+    torch.manual_seed(0)
+    a, b = MLPSpec((5, 8, 6, 3)), MLPSpec((5, 6, 6, 3))
+    batch = GraphBatch.from_populations([(a, _population(a, 3)), (b, _population(b, 2))])
+    layer = RelationalTransformerLayer(16, 4, "all")
+    h, e = torch.randn(batch.x.shape[0], 16), torch.randn(batch.edge_attr.shape[0], 16)
+    with torch.no_grad():
+        monkeypatch.setattr(layers, "ALL_PAIRS_BLOCK_BYTES", 2 ** 40)
+        whole = layer(h, batch.edge_index, e, batch.batch)
+        monkeypatch.setattr(layers, "ALL_PAIRS_BLOCK_BYTES", 1)
+        blocked = layer(h, batch.edge_index, e, batch.batch)
+    for x, y in zip(whole, blocked):
+        torch.testing.assert_close(x, y, atol=1e-6, rtol=0)
+
+
 def test_field_signature_and_time_on_edges():
     from wsbook.graphs import WeightSpaceField
 

@@ -25,6 +25,9 @@ from torch_geometric.nn import MessagePassing
 from torch_geometric.nn.aggr import Aggregation
 from torch_geometric.utils import degree, scatter, softmax, to_dense_batch
 
+#: bytes of one block's ``[graphs, n, n, 3 * dim]`` edge projections in all-pairs attention (about a core's L2)
+ALL_PAIRS_BLOCK_BYTES = 2 ** 21
+
 
 def mlp(dims: list[int], act: type[nn.Module] = nn.SiLU) -> nn.Sequential:
     """Linear layers with an activation between them (none after the last)."""
@@ -232,6 +235,15 @@ class RelationalTransformerLayer(nn.Module):
         src, dst = ei
         dense = self.no_edge.expand(G, n, n, self.dim).clone()
         dense[batch[dst], local[dst], local[src]] = ea                                  # [G, N(target), N(source), d]
+        # a few graphs at a time: a block's [g, n, n, 3d] tensors then stay in cache, where those of a whole
+        # batch would stream through memory at every elementwise step
+        g = max(1, ALL_PAIRS_BLOCK_BYTES // (n * n * 3 * self.dim * dense.element_size()))
+        out = [self._attend_dense(dense_h[s:s + g], dense[s:s + g], mask[s:s + g]) for s in range(0, G, g)]
+        return torch.cat(out).reshape(G, n, self.dim)[mask]
+
+    def _attend_dense(self, dense_h: Tensor, dense: Tensor, mask: Tensor) -> Tensor:
+        """All-pairs attention of ``G`` padded graphs: nodes ``[G, n, d]``, edges ``[G, n, n, d]``."""
+        G, n = mask.shape
         H, dh = self.heads, self.dim // self.heads
         nq, nk, nv = (t.view(G, n, H, dh) for t in self.node_qkv(dense_h).chunk(3, -1))
         eq, ek, ev = (t.view(G, n, n, H, dh) for t in self.edge_qkv(dense).chunk(3, -1))
@@ -241,7 +253,7 @@ class RelationalTransformerLayer(nn.Module):
         logits = (q * k).sum(-1) / math.sqrt(dh)                                        # [G, i, j, H]
         logits = logits.masked_fill(~mask[:, None, :, None], float("-inf"))             # padded sources j
         alpha = torch.softmax(logits, dim=2)
-        return (alpha.unsqueeze(-1) * v).sum(2).reshape(G, n, self.dim)[mask]
+        return (alpha.unsqueeze(-1) * v).sum(2)
 
     def _attend_layered(self, h: Tensor, e: Tensor, layout: "LayeredLayout") -> Tensor:
         """:meth:`_attend_neighbours` for ``B`` graphs of one layered architecture (nodes layer by layer,
