@@ -45,15 +45,14 @@ def field_configs() -> dict[str, tuple[MLPSpec, flows.FlowConfig]]:
 
 def training_step(spec: MLPSpec, cfg: flows.FlowConfig, seed: int = 0):
     """A closure running one loss + backward of the flow ``cfg`` on a fixed minibatch (random networks
-    stand in for a zoo: the cost of a step does not depend on the weights)."""
+    stand in for a zoo: the cost of a step does not depend on the weights, nor on an anchored field's
+    anchor)."""
     gen = torch.Generator().manual_seed(seed)
     nets = spec.init(cfg.batch_size, generator=gen, device="cpu")
     with config.seeded(seed):
         flow = flows.build_flow(spec, cfg, reference=nets[0])
     points = flow.chart.to_points(nets)
     flow.set_scale(points)
-    if cfg.anchored:
-        flow.field.set_anchor(flow.chart.layout(points).mean(0) / flow._scale(points))
     x0 = flow.chart.sample_source(cfg.batch_size, gen)
     t = torch.rand(cfg.batch_size, generator=gen)
     params = list(flow.field.parameters())

@@ -256,16 +256,18 @@ def build_flow(spec, cfg: FlowConfig, reference: Tensor | None = None) -> Weight
 # -------------------------------------------------------------------------------------------- training
 @dataclass
 class TrainedFlow:
-    """A trained flow with its configuration, training seconds and per-step losses."""
+    """A trained flow with what it was trained by (a :class:`FlowConfig`, or the posterior flows' settings),
+    its training seconds and per-step losses."""
 
     flow: WeightFlow
-    config: FlowConfig
+    config: object
     seconds: float
     losses: Tensor
 
     @property
-    def name(self) -> str:
-        return self.config.name
+    def field_parameters(self) -> int:
+        """Trainable parameters of the vector field."""
+        return sum(p.numel() for p in self.flow.field.parameters())
 
 
 @cached("flows/trained", version=8)   # 8: training runs exclude validation and test runs

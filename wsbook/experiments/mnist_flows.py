@@ -547,8 +547,8 @@ def field_size_sweep(recipe: str = "geometric_aligned_ot", y: Tensor | None = No
         theta, _ = sample_flow(recipe, dim=dim)
         row = score(probs_of(spec, theta, ds), ds.y_test)
         losses = trained.losses[-max(1, len(trained.losses) // 10):]
-        rows.append(dict(dim=dim, field_parameters=sum(p.numel() for p in trained.flow.field.parameters()),
-                         train_seconds=trained.seconds, final_loss=float(losses.mean()), **row))
+        rows.append(dict(dim=dim, field_parameters=trained.field_parameters, train_seconds=trained.seconds,
+                         final_loss=float(losses.mean()), **row))
     return rows
 
 

@@ -26,7 +26,6 @@ from torch import Tensor
 
 from wsbook import config
 from wsbook.experiments import flows, mnist_flows as mf, posterior_flows as pf
-from wsbook.weightflow import WeightFlow
 
 #: the zoo targets and the posterior targets
 ZOO_TARGETS = ("breast_cancer", "mnist5k")
@@ -46,22 +45,6 @@ class Recipe:
     name: str
     config: Any
     objective: str = "draws"
-
-
-@dataclass
-class TrainedFlow:
-    """A trained flow of a recipe: the flow, its recipe, the training seed, seconds and per-step losses."""
-
-    flow: WeightFlow
-    recipe: Recipe
-    seed: int
-    seconds: float
-    losses: Tensor
-
-    @property
-    def field_parameters(self) -> int:
-        """Trainable parameters of the vector field."""
-        return sum(p.numel() for p in self.flow.field.parameters())
 
 
 def _check_target(target: str) -> None:
@@ -94,8 +77,9 @@ def recipe(target: str, name: str) -> Recipe:
     return available[name]
 
 
-def train(target: str, name: str, seed: int = 0) -> TrainedFlow:
-    """The flow ``name`` (:func:`recipes`) trained on ``target``'s training data with seed ``seed`` (cached).
+def train(target: str, name: str, seed: int = 0) -> flows.TrainedFlow:
+    """The flow ``name`` (:func:`recipes`) trained on ``target``'s training data with seed ``seed`` (cached):
+    a :class:`~wsbook.experiments.flows.TrainedFlow` (flow, the recipe's config, seconds, per-step losses).
 
     Args:
         target: a key of :data:`TARGETS`.
@@ -106,10 +90,9 @@ def train(target: str, name: str, seed: int = 0) -> TrainedFlow:
     r = recipe(target, name)
     if target in ZOO_TARGETS:
         holdout = mf.budget().n_holdout if target == mf.ZOO else None
-        t = flows.train_flow(target, r.config, n_holdout=holdout, seed=seed)
-        return TrainedFlow(t.flow, r, seed, t.seconds, t.losses)
+        return flows.train_flow(target, r.config, n_holdout=holdout, seed=seed)
     flow, seconds, losses = pf.train_posterior_flow(_task(target), name, seed)
-    return TrainedFlow(flow, r, seed, seconds, losses)
+    return flows.TrainedFlow(flow, r.config, seconds, losses)
 
 
 def sample(target: str, name: str, n: int | None = None, *, seed: int = 0, sample_seed: int | None = None,
@@ -129,7 +112,7 @@ def sample(target: str, name: str, n: int | None = None, *, seed: int = 0, sampl
         guided: guide the samples by the task loss on this data set's training split: ``"breast_cancer"``,
             ``"mnist"`` or ``"permuted"`` (zoo targets only).
         weight: the guidance's lambda (default: the target's).
-        widths: sample another architecture (MNIST's width transfer, :meth:`WeightFlow.with_spec`).
+        widths: sample another architecture (MNIST's width transfer, :meth:`~wsbook.weightflow.WeightFlow.with_spec`).
         generator: posterior targets only: draw from this generator.
     """
     r = recipe(target, name)

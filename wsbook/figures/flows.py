@@ -14,8 +14,9 @@ from wsbook.manifolds import Sphere
 Tensor = torch.Tensor
 
 
-def _np(x: Tensor) -> np.ndarray:
-    return x.detach().cpu().numpy()
+def to_numpy(x: Tensor | np.ndarray) -> np.ndarray:
+    """A tensor (or array) as a NumPy array on the CPU, detached."""
+    return torch.as_tensor(x).detach().cpu().numpy()
 
 
 def trajectories_2d(trajectories: Mapping[str, Tensor], n_show: int = 60, height: int = 430,
@@ -36,11 +37,11 @@ def trajectories_2d(trajectories: Mapping[str, Tensor], n_show: int = 60, height
     fig = make_subplots(rows=1, cols=len(names), subplot_titles=names, horizontal_spacing=0.06)
     for col, name in enumerate(names, start=1):
         if target is not None:
-            tgt = _np(target[:n_target])
+            tgt = to_numpy(target[:n_target])
             fig.add_trace(go.Scatter(x=tgt[:, 0], y=tgt[:, 1], mode="markers", name="target samples",
                                      marker=dict(size=4, color=style.rgba("#E69F00", 0.35)),
                                      showlegend=col == 1, hoverinfo="skip"), row=1, col=col)
-        traj = _np(trajectories[name][:, :n_show])
+        traj = to_numpy(trajectories[name][:, :n_show])
         xs = np.concatenate([np.append(traj[:, i, 0], np.nan) for i in range(traj.shape[1])])
         ys = np.concatenate([np.append(traj[:, i, 1], np.nan) for i in range(traj.shape[1])])
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=style.color(name), width=1),
@@ -55,7 +56,8 @@ def trajectories_2d(trajectories: Mapping[str, Tensor], n_show: int = 60, height
     return fig
 
 
-def _arrow(fig: go.Figure, base: np.ndarray, vec: np.ndarray, color: str, name: str, legend: bool = True) -> None:
+def arrow3d(fig: go.Figure, base: np.ndarray, vec: np.ndarray, color: str, name: str, legend: bool = True) -> None:
+    """Add the vector ``vec`` drawn from the point ``base`` (both ``[3]``) to a 3-D figure: a line and a cone."""
     tip = base + vec
     fig.add_trace(go.Scatter3d(x=[base[0], tip[0]], y=[base[1], tip[1]], z=[base[2], tip[2]], mode="lines",
                                line=dict(color=color, width=6), name=name, showlegend=legend, legendgroup=name))
@@ -82,16 +84,17 @@ def sphere_geometry(x: Tensor, u: Tensor, w: Tensor, n_transport: int = 5, title
     reach = max(1.15, min(tips, 2.5))          # equal ranges on all axes keep the sphere round
     fig = style.scene3d(go.Figure(style.sphere_surface()), title=title, height=560, axis_range=(-reach, reach))
     ts = torch.linspace(0, 1, 60)[:, None]
-    curve = _np(s.expmap(x.expand(60, 3), ts * u))
+    curve = to_numpy(s.expmap(x.expand(60, 3), ts * u))
     fig.add_trace(go.Scatter3d(x=curve[:, 0], y=curve[:, 1], z=curve[:, 2], mode="lines",
                                line=dict(color="#000000", width=5), name="geodesic exp_x(t u)"))
     y = s.expmap(x, u)
-    _arrow(fig, _np(x[0]), _np(u[0]), "#0072B2", "u in T_x M")
-    _arrow(fig, _np(y[0]), _np(s.logmap(y, x)[0]), "#D55E00", "log_y(x) in T_y M")
+    arrow3d(fig, to_numpy(x[0]), to_numpy(u[0]), "#0072B2", "u in T_x M")
+    arrow3d(fig, to_numpy(y[0]), to_numpy(s.logmap(y, x)[0]), "#D55E00", "log_y(x) in T_y M")
     for k, t in enumerate(torch.linspace(0, 1, n_transport)):
         p = s.expmap(x, t * u)
-        _arrow(fig, _np(p[0]), _np(s.transp(x, p, w)[0]), "#009E73", "parallel transport of w", legend=k == 0)
-    pts = _np(torch.cat([x, y]))
+        arrow3d(fig, to_numpy(p[0]), to_numpy(s.transp(x, p, w)[0]), "#009E73", "parallel transport of w",
+                legend=k == 0)
+    pts = to_numpy(torch.cat([x, y]))
     fig.add_trace(go.Scatter3d(x=pts[:, 0], y=pts[:, 1], z=pts[:, 2], mode="markers+text", text=["x", "y"],
                                marker=dict(size=5, color="#000000"), name="points"))
     return fig
@@ -101,7 +104,7 @@ def sphere_samples(samples: Mapping[str, Tensor], n_show: int = 1500, title: str
     """Point clouds on S^2 (one colour per entry)."""
     fig = style.scene3d(go.Figure(style.sphere_surface(opacity=0.15)), title=title)
     for name, x in samples.items():
-        p = _np(x[:n_show])
+        p = to_numpy(x[:n_show])
         fig.add_trace(go.Scatter3d(x=p[:, 0], y=p[:, 1], z=p[:, 2], mode="markers", name=name,
                                    marker=dict(size=2, color=style.color(name), opacity=0.7)))
     return fig

@@ -27,14 +27,10 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from wsbook.figures import style
-from wsbook.figures.flows import _arrow
+from wsbook.figures.flows import arrow3d, to_numpy
 from wsbook.figures.graphs import draw_neural_graph
 
 _AXIS3D = dict(showbackground=False, zeroline=False, range=[-1.15, 1.15])
-
-
-def _np(x: Tensor) -> np.ndarray:
-    return torch.as_tensor(x).detach().cpu().numpy()
 
 
 def _line3d(p: np.ndarray, name: str, color: str, *, width: int = 5, dash: str | None = None,
@@ -68,10 +64,10 @@ def rescaling_orbit(scales: Tensor, incoming: Tensor, outgoing: Tensor, canonica
         canonical_out: the normalised network's outgoing weights ``[C]``.
         title: figure title.
     """
-    a, w, v = _np(scales), _np(incoming), _np(outgoing)
+    a, w, v = to_numpy(scales), to_numpy(incoming), to_numpy(outgoing)
     if w.ndim != 2 or w.shape[1] != 3 or len(a) != len(w) or len(v) != len(w):
         raise ValueError(f"rescaling_orbit: expected [A], [A, 3] and [A, C]; got {a.shape}, {w.shape}, {v.shape}")
-    c_in, c_out = _np(canonical_in).reshape(3), _np(canonical_out).reshape(-1)
+    c_in, c_out = to_numpy(canonical_in).reshape(3), to_numpy(canonical_out).reshape(-1)
     fig = make_subplots(rows=1, cols=2, specs=[[{"type": "scene"}, {"type": "xy"}]], column_widths=[0.55, 0.45],
                         subplot_titles=["incoming weights and bias (w1, w2, b)",
                                         "incoming norm against outgoing norm"])
@@ -120,15 +116,15 @@ def geodesic_and_chord(geodesic: Tensor, chord: Tensor, marks: Tensor, velocitie
         chord_velocity: ``x_1 - x_0`` ``[3]``.
         title: figure title.
     """
-    g, c, m, u = _np(geodesic), _np(chord), _np(marks), _np(velocities)
+    g, c, m, u = to_numpy(geodesic), to_numpy(chord), to_numpy(marks), to_numpy(velocities)
     fig = style.scene3d(go.Figure(style.sphere_surface()), title=title, height=540)
     fig.add_trace(_line3d(g, "geodesic x_t = exp_x0(t log_x0 x1)", style.color("geometric"), width=7))
     fig.add_trace(_line3d(c, "chord (1 - t) x0 + t x1", style.color("euclidean"), width=4, dash="dash"))
     scale = 0.25 / max(float(np.linalg.norm(u, axis=1).max()), 1e-9)       # arrows of a readable length
     for k in range(len(m)):
-        _arrow(fig, m[k], scale * u[k], "#0072B2", "velocity u_t (tangent)", legend=k == 0)
+        arrow3d(fig, m[k], scale * u[k], "#0072B2", "velocity u_t (tangent)", legend=k == 0)
     mid = c[len(c) // 2]
-    _arrow(fig, mid, scale * _np(chord_velocity).reshape(3), "#D55E00", "chord velocity x1 - x0")
+    arrow3d(fig, mid, scale * to_numpy(chord_velocity).reshape(3), "#D55E00", "chord velocity x1 - x0")
     fig.add_trace(_points3d(np.stack([g[0], g[-1]]), "end points", "#000000", size=5, text=["x0", "x1"]))
     return fig
 
@@ -146,7 +142,7 @@ def product_path(sphere_paths: Tensor, last_layer: Tensor, times: Tensor, *, tit
         times: the time grid ``[T]``.
         title: figure title.
     """
-    p, last, t = _np(sphere_paths), _np(last_layer), _np(times)
+    p, last, t = to_numpy(sphere_paths), to_numpy(last_layer), to_numpy(times)
     if p.ndim != 3 or p.shape[2] != 3 or last.shape[0] != p.shape[0] or len(t) != p.shape[0]:
         raise ValueError(f"product_path: expected [T, n, 3], [T, m] and [T]; got {p.shape}, {last.shape}, {t.shape}")
     fig = make_subplots(rows=1, cols=2, specs=[[{"type": "scene"}, {"type": "xy"}]], column_widths=[0.55, 0.45],
@@ -209,7 +205,7 @@ _P1_SCALE = [[0.0, _CLASS_COLORS[0]], [0.5, "#FFFFFF"], [1.0, _CLASS_COLORS[1]]]
 
 
 def _square_grid(grid: Tensor) -> tuple[np.ndarray, np.ndarray, int]:
-    g = _np(grid)
+    g = to_numpy(grid)
     side = int(round(len(g) ** 0.5))
     if g.ndim != 2 or g.shape[1] != 2 or side * side != len(g):
         raise ValueError(f"expected a square 2-D grid [side * side, 2], x fastest; got {g.shape}")
@@ -222,7 +218,8 @@ def _percent(p1: np.ndarray, side: int) -> np.ndarray:
 
 
 def _p1_contour(z: np.ndarray, gx: np.ndarray, gy: np.ndarray, *, showscale: bool) -> go.Contour:
-    return go.Contour(z=z, x=gx.astype(np.float32), y=gy.astype(np.float32), zmin=0, zmax=100, colorscale=_P1_SCALE, showscale=showscale,
+    return go.Contour(z=z, x=gx.astype(np.float32), y=gy.astype(np.float32), zmin=0, zmax=100, colorscale=_P1_SCALE,
+                      showscale=showscale,
                       contours=dict(coloring="heatmap", start=50, end=50, size=1, showlabels=False),
                       line=dict(color="#000000", width=1.5), name="p(class 1)",
                       colorbar=dict(title=dict(text="p(class 1), %"), len=0.8, thickness=12),
@@ -230,7 +227,7 @@ def _p1_contour(z: np.ndarray, gx: np.ndarray, gy: np.ndarray, *, showscale: boo
 
 
 def _data_points(x: Tensor, y: Tensor) -> go.Scatter:
-    px, labels = _np(x).astype(np.float32), _np(y).astype(np.uint8)
+    px, labels = to_numpy(x).astype(np.float32), to_numpy(y).astype(np.uint8)
     return go.Scatter(x=px[:, 0], y=px[:, 1], mode="markers", showlegend=False, hoverinfo="skip",
                       marker=dict(size=3.5, color=labels, cmin=0, cmax=1, showscale=False,
                                   colorscale=[[0.0, _CLASS_COLORS[0]], [1.0, _CLASS_COLORS[1]]],
@@ -271,7 +268,7 @@ def decision_panels(grid: Tensor, p1: Mapping[str, Tensor], x: Tensor, y: Tensor
                         vertical_spacing=0.14)
     for k, name in enumerate(names):
         r, c = k // cols + 1, k % cols + 1
-        fig.add_trace(_p1_contour(_percent(_np(p1[name]), side), gx, gy, showscale=k == 0), row=r, col=c)
+        fig.add_trace(_p1_contour(_percent(to_numpy(p1[name]), side), gx, gy, showscale=k == 0), row=r, col=c)
         fig.add_trace(_data_points(x, y), row=r, col=c)
     _square_panels(fig, len(names), cols, gx, gy)
     fig.update_xaxes(title_text="x<sub>1</sub>", row=rows)
@@ -300,7 +297,7 @@ def flow_in_motion(grid: Tensor, p1: Tensor, times: Tensor, x: Tensor, y: Tensor
         title: figure title.
     """
     gx, gy, side = _square_grid(grid)
-    p, t = _np(p1), _np(times).reshape(-1)
+    p, t = to_numpy(p1), to_numpy(times).reshape(-1)
     if p.ndim != 3 or p.shape[2] != side * side or p.shape[0] != len(t):
         raise ValueError(f"flow_in_motion: expected p1 [T, n, {side * side}] and times [T]; got {p.shape}, {t.shape}")
     n = p.shape[1]
