@@ -39,7 +39,7 @@ def field_configs() -> dict[str, tuple[MLPSpec, flows.FlowConfig]]:
                 "breast_cancer_flat": (bc, flows.baseline_config()),
                 "breast_cancer_gnn": (bc, flows.flow_config("euclidean")),
                 "mnist_neuron": (mnist, mf.recipe_config(mf.NEURON_ANCHORED)),
-                "mnist_flat": (mnist, mf.recipe_config("plain_baseline")),
+                "mnist_flat": (mnist, mf.recipe_config("plain baseline")),
                 "mnist_gnn": (mnist, mf.recipe_config("geometric_aligned_ot"))}
 
 

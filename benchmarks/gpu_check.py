@@ -68,7 +68,7 @@ def flows_of(zoo: str, widths: tuple[int, ...], device: torch.device,
         sample = dict(n=b.n_samples, steps=b.sample_steps, method=b.method)
         recipes = (("geometric_aligned_ot", b.batch_size, b.lr),
                    (mnist_flows.NEURON_ANCHORED, b.neuron_batch, b.neuron_lr),
-                   ("plain_baseline", b.flat_batch, b.flat_lr))
+                   ("plain baseline", b.flat_batch, b.flat_lr))
         out = [(mnist_flows.make_flow(r, spec, ref[0], b), dict(batch_size=bs, lr=lr), sample)
                for r, bs, lr in recipes]
     for flow, _, sample in out:

@@ -60,3 +60,27 @@ def test_the_results_chapters_train_and_sample_flows_only_through_the_pipeline()
         assert not private.findall(text), (chapter, private.findall(text))
     uses = [c for c in RESULTS_CHAPTERS[:3] if "pipeline.train(" in (ROOT / "chapters" / f"{c}.md").read_text()]
     assert uses == list(RESULTS_CHAPTERS[:3])
+
+
+def test_one_score_for_every_zoo_table_and_the_chapters_use_it():
+    split = flows.zoo_split("breast_cancer")
+    refs = pipeline.references("breast_cancer", 12)
+    theta = split.validation.theta[:12]
+    row = pipeline.score("breast_cancer", theta, refs)
+    assert row == flows.score(theta, refs)
+    assert {"accuracy", "bma_accuracy", "bma_nll", "diversity", "mmd_ratio", "nn_ratio", "w2"} <= set(row)
+    # another data set's test split: the function columns only, computed on that data
+    other = split.data
+    on_data = pipeline.score("breast_cancer", theta, data=other)
+    assert set(on_data) < set(row) and on_data["accuracy"] == pytest.approx(row["accuracy"])
+    with pytest.raises(ValueError, match="not both"):
+        pipeline.score("breast_cancer", theta, refs, data=other)
+    with pytest.raises(ValueError, match="posterior target"):
+        pipeline.score("posterior/breast_cancer", theta)
+    with pytest.raises(ValueError, match="needs the networks per set"):
+        pipeline.references("breast_cancer")
+    # the chapters score zoo networks through the pipeline only
+    own = re.compile(r"\b(?:flows|mf)\.(?:score|probability_scores|nearest_neighbour_ratio)\(")
+    for chapter in RESULTS_CHAPTERS:
+        text = (ROOT / "chapters" / f"{chapter}.md").read_text()
+        assert not own.findall(text), (chapter, own.findall(text))

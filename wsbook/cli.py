@@ -298,7 +298,7 @@ def groups() -> dict[str, Callable[[], list[str]]]:
         return [f"zoo/{z}" for z in targets.ZOOS]
 
     def mnist_flows() -> list[str]:
-        return [f"flow/mnist/{r}" for r in (*mf.budget().recipes, "plain_baseline")]
+        return [flow_artifact(mf.ZOO, r) for r in (*mf.budget().recipes, "plain baseline")]
 
     return {
         "all": lambda: ["*"],

@@ -415,13 +415,30 @@ def references(split: protocol.RunSplit, n: int, w2_n: int = 128, max_train: int
     return _references(split, split.validation, split.other, "validation", n, w2_n, max_train, seed)
 
 
+#: networks of a set that enter its diversity (pairwise, so quadratic in the set's size)
+DIVERSITY_MAX = 256
+
+
+def probability_scores(probs: Tensor, y: Tensor, *, bma_k: int = 64,
+                       generator: torch.Generator | None = None) -> dict:
+    """The function columns of every results table from a set's test probabilities ``probs [n, N, C]`` and
+    labels ``y [N]``: ``n``, ``accuracy``, ``accuracy_std``, ``nll``, ``nll_std`` (over networks),
+    ``bma_accuracy`` and ``bma_nll`` (the model average of ``bma_k`` members drawn with ``generator``) and
+    ``diversity`` (mean pairwise Jensen-Shannon divergence of the predictive distributions of at most
+    :data:`DIVERSITY_MAX` networks)."""
+    ev = targets.evaluate_probs(probs, y, bma_k=bma_k, generator=generator)
+    return dict(n=ev.n, accuracy=ev.accuracy, accuracy_std=ev.accuracy_std, nll=ev.nll, nll_std=ev.nll_std,
+                bma_accuracy=ev.bma_accuracy, bma_nll=ev.bma_nll,
+                diversity=float(distances.diversity(probs[:DIVERSITY_MAX])))
+
+
 def score(theta: Tensor, refs: References, *, bma_k: int = 64, seed: int = 0) -> dict:
     """Score generated networks ``theta [n, D]`` against the references.
 
-    Returns a dict: ``accuracy``, ``accuracy_std``, ``nll``, ``nll_std`` (over networks, the data's test
-    split), ``bma_accuracy``, ``bma_nll`` (model average of ``bma_k``), ``mmd2`` (to the reference runs) and
-    ``mmd2_floor`` (the perfect generator's), ``mmd_ratio`` (``mmd2 / floor``: a perfect generator reads 1),
-    ``nn_train`` (median nearest-neighbour distance to the training zoo in the aligned canonical space),
+    Returns a dict: the :func:`probability_scores` on the data's test split (``accuracy``, ``accuracy_std``,
+    ``nll``, ``nll_std``, ``bma_accuracy``, ``bma_nll``, ``diversity``), ``mmd2`` (to the reference runs)
+    and ``mmd2_floor`` (the perfect generator's), ``mmd_ratio`` (``mmd2 / floor``: a perfect generator reads
+    1), ``nn_train`` (median nearest-neighbour distance to the training zoo in the aligned canonical space),
     ``nn_held`` (the same for the reference runs) and ``nn_ratio`` (their ratio: below 1, nearer the
     training checkpoints than new runs), ``w2`` and ``w2_floor`` (to ``w2_n`` reference networks).
 
@@ -435,17 +452,15 @@ def score(theta: Tensor, refs: References, *, bma_k: int = 64, seed: int = 0) ->
     theta = split.spec.check(theta, "theta")
     gen = torch.Generator().manual_seed(seed)
     probs = targets.predictive_probs(split.spec, theta, split.data.x_test)
-    ev = targets.evaluate_probs(probs, split.data.y_test, bma_k=bma_k, generator=gen)
+    row = probability_scores(probs, split.data.y_test, bma_k=bma_k, generator=gen)
     mmd = float(distances.mmd2(probs, refs.probs_held, bandwidth=refs.bandwidth))
     pts = refs.canonical.to_points(theta.cpu())
     q = pts[_rows(len(pts), refs.w2_n, gen)]
     held_q = refs.held_points[_rows(len(refs.held_points), refs.w2_n, torch.Generator().manual_seed(seed + 1))]
     nn_train = float(distances.median_nn_distance(q, refs.train_points))
-    return dict(n=ev.n, accuracy=ev.accuracy, accuracy_std=ev.accuracy_std, nll=ev.nll, nll_std=ev.nll_std,
-                bma_accuracy=ev.bma_accuracy, bma_nll=ev.bma_nll, mmd2=mmd, mmd2_floor=refs.floor.mean,
-                mmd_ratio=mmd / refs.floor.mean, nn_train=nn_train, nn_held=refs.nn_held,
-                nn_ratio=nn_train / refs.nn_held, w2=float(distances.wasserstein2(q, held_q)),
-                w2_floor=refs.w2_floor)
+    return row | dict(mmd2=mmd, mmd2_floor=refs.floor.mean, mmd_ratio=mmd / refs.floor.mean, nn_train=nn_train,
+                      nn_held=refs.nn_held, nn_ratio=nn_train / refs.nn_held,
+                      w2=float(distances.wasserstein2(q, held_q)), w2_floor=refs.w2_floor)
 
 
 def score_draws(zoo_name: str, cfg: FlowConfig, refs: References, n: int, *, steps: int = 16,
@@ -659,6 +674,6 @@ def adam_curve(zoo_name: str, steps_list: tuple[int, ...], n: int, seed: int = 0
 
 __all__ = ["FlowConfig", "flow_config", "extended_config", "EXTENDED_STEPS", "baseline_config", "VARIANTS",
            "solver_steps", "zoo_split", "build_field", "build_flow",
-           "TrainedFlow", "train_flow", "sample_flow", "References", "references", "score", "score_draws",
+           "TrainedFlow", "train_flow", "sample_flow", "References", "references", "probability_scores", "score", "score_draws",
            "target_rows", "CONTROLS", "control_sets", "test_report", "verdict_table",
            "breast_cancer_candidates", "nn_ratio_interval", "steps_curve", "adam_curve"]

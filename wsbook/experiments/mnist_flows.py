@@ -8,15 +8,14 @@ Everything the page computes that costs more than a second lives here, cached wi
 * :func:`split`: the 784-10-10 zoo split by whole runs into training, validation and (sealed) test runs
   (:mod:`wsbook.experiments.protocol`).
 * :func:`recipe_config` / :func:`sample_flow`: one recipe (chart, field, coupling; the names of the thesis's
-  Table 7.2 rows, plus ``plain_baseline``) as a :class:`~wsbook.experiments.flows.FlowConfig`, and its
+  Table 7.2 rows, plus ``"plain baseline"``) as a :class:`~wsbook.experiments.flows.FlowConfig`, and its
   samples, optionally for another hidden width (:meth:`WeightFlow.with_spec`) and with task-loss guidance.
   Chapters train and sample through :mod:`wsbook.experiments.pipeline` (target ``"mnist5k"``).
 * :func:`width_transfer`: Table 7.4, :data:`TRANSFER` (the DeepSets field over hidden neurons,
   :class:`~wsbook.weightflow.NeuronField`) trained on 784-10-10 and sampling 784-32-10.
-* :func:`score`, :func:`bma_curve`: per-network and model-averaged accuracy / NLL, diversity (mean pairwise
-  JSD of the predictive distributions) and the function-space MMD^2 to validation runs over the perfect
-  generator's floor; :func:`nearest_neighbour_ratio`: how close generated networks sit to the training
-  checkpoints.
+* :func:`bma_curve`: accuracy and NLL of the model average against its size. Every table row is scored by
+  :func:`wsbook.experiments.pipeline.score` (accuracy, NLL, BMA-64, diversity, MMD^2 over the perfect
+  generator's floor, memorisation).
 * :func:`verdict_table`: the flow chosen on validation data, trained over fresh seeds and judged on the
   test runs beside the plain baseline.
 * :func:`permuted_mnist`: the second task (MNIST with one fixed, seeded pixel permutation; Fashion-MNIST
@@ -51,7 +50,7 @@ RECIPES: dict[str, tuple[str, str, str]] = {
     "geometric_aligned_ot_neuron": ("geometric", "neuron", "ot"),
     # the neuron field reading the mean aligned network beside each neuron (one width only)
     "geometric_aligned_ot_neuron_anchored": ("geometric", "neuron_anchored", "ot"),
-    "plain_baseline": ("euclidean", "flat", "ot"),
+    "plain baseline": ("euclidean", "flat", "ot"),
 }
 #: the recipe whose field transfers to other hidden widths (an anchored field exists for one width)
 TRANSFER = "geometric_aligned_ot_neuron"
@@ -125,7 +124,7 @@ def budget() -> Budget:
         recipes=s(("geometric_aligned", "geometric_aligned_ot", UNANCHORED_GNN, TRANSFER, NEURON_ANCHORED),
                   ("euclidean_aligned", "euclidean_aligned_ot", "geometric_aligned", "geometric_aligned_ot",
                    UNANCHORED_GNN, TRANSFER, NEURON_ANCHORED),
-                  tuple(r for r in RECIPES if r != "plain_baseline")),
+                  tuple(r for r in RECIPES if r != "plain baseline")),
         dim=s(8, 8, 64), n_layers=s(1, 1, 4), batch_size=s(8, 8, 64), steps=s(30, 250, 50_000), lr=s(1e-2, 1e-2, 1e-3),
         ema_decay=s(0.9, 0.95, 0.999), flat_hidden=s(256, 256, 512), flat_batch=64, flat_steps=s(150, 600, 20_000),
         flat_lr=s(3e-3, 3e-3, 1e-3), neuron_hidden=s(64, 256, 512), neuron_attention=2, neuron_batch=32,
@@ -296,45 +295,6 @@ def probs_of(spec: MLPSpec, theta: Tensor, ds: data.Dataset) -> Tensor:
     return targets.predictive_probs(spec, theta, ds.x_test)
 
 
-def score(probs: Tensor, y: Tensor, refs: "flows.References | None" = None,
-          generator: torch.Generator | None = None) -> dict:
-    """One row of the page's tables from test probabilities ``probs [n, N, C]``: per-network accuracy and
-    NLL (mean, std), BMA-64 accuracy and NLL, diversity (mean pairwise JSD), and with ``refs``
-    (:func:`references`) the MMD^2 to its runs, the perfect generator's floor and their ratio.
-
-    Args:
-        probs: the networks' test probabilities.
-        y: test labels.
-        refs: the reference runs, or ``None``.
-        generator: the BMA members.
-    """
-    gen = generator if generator is not None else config.generator()
-    ev = targets.evaluate_probs(probs, y, bma_k=64, generator=gen)
-    row = dict(accuracy=ev.accuracy, accuracy_std=ev.accuracy_std, nll=ev.nll, nll_std=ev.nll_std,
-               bma64_accuracy=ev.bma_accuracy, bma64_nll=ev.bma_nll,
-               diversity=float(distances.diversity(probs[:256])))
-    if refs is not None:
-        mmd = float(distances.mmd2(probs, refs.probs_held, bandwidth=refs.bandwidth))
-        row.update(mmd2=mmd, mmd2_floor=refs.floor.mean, mmd_ratio=mmd / refs.floor.mean)
-    return row
-
-
-def nearest_neighbour_ratio(sets: dict[str, Tensor], refs: "flows.References | None" = None) -> dict[str, float]:
-    """Memorisation, as on chapter 8's breast-cancer page: for every set of networks ``[n, D]`` in ``sets``,
-    the median distance from each network to its nearest training checkpoint (aligned canonical networks,
-    ``refs.canonical``) divided by the same median for the reference runs. About 1: as far from the training
-    zoo as new runs of the recipe; well below 1: the networks stay close to (or replay) the checkpoints the
-    flow learned from.
-
-    Args:
-        sets: name -> networks of the zoo's architecture.
-        refs: the reference runs (default: :func:`references`).
-    """
-    refs = references() if refs is None else refs
-    return {name: float(distances.median_nn_distance(refs.canonical.to_points(theta.cpu()), refs.train_points))
-            / refs.nn_held for name, theta in sets.items()}
-
-
 def bma_curve(probs: Tensor, y: Tensor, sizes: tuple[int, ...] = BMA_SIZES, repeats: int = 8,
               generator: torch.Generator | None = None) -> dict[int, dict]:
     """Accuracy and NLL of the model average of ``k`` random members for every ``k`` in ``sizes`` (at most
@@ -378,16 +338,16 @@ def verdict_table(seeds: tuple[int, ...] = protocol.SEEDS):
     b = budget()
     validation = {r: validation_accuracy(r) for r in b.recipes}
     chosen = max(validation, key=validation.get)
-    sets = {r: [sample_flow(r, seed=s, train_seed=s)[0] for s in seeds] for r in (chosen, "plain_baseline")}
+    sets = {r: [sample_flow(r, seed=s, train_seed=s)[0] for s in seeds] for r in (chosen, "plain baseline")}
     table = flows.test_report(split(), sets, b.n_samples)
     target = table.loc["iid training checkpoints"]
-    rows = [chosen, "plain_baseline"]
+    rows = [chosen, "plain baseline"]
     gap = target["accuracy"] - table["accuracy"]
     gap_se = (table["accuracy_se"] ** 2 + target["accuracy_se"] ** 2) ** 0.5
     table["gap verdict"] = "—"
     for r in rows:
         table.loc[r, "gap verdict"] = protocol.verdict(gap[r], gap_se[r], ACCURACY_GAP)
-    protocol.versus_column(table, "MMD² vs baseline", "mmd_ratio", [chosen], "plain_baseline")
+    protocol.versus_column(table, "MMD² vs baseline", "mmd_ratio", [chosen], "plain baseline")
     table.attrs.update(selected=chosen, validation=validation)
     return table
 
@@ -433,8 +393,8 @@ def width_transfer(seed: int = 0) -> dict[str, dict]:
     """Table 7.4: the unanchored flows trained on 784-10-10 networks sampling 784-32-10 networks
     (:meth:`WeightFlow.with_spec`), scored on the MNIST test set beside trained 784-32-10 networks.
 
-    Returns ``{row name: score}`` (:func:`score`, plus :func:`neuron_similarity` and, for flow rows,
-    ``sample_seconds``): the trained zoo (``n_wide`` random checkpoints, drawn from ``seed``), wide
+    Returns ``{row name: score}`` (:func:`wsbook.experiments.flows.probability_scores`, plus
+    :func:`neuron_similarity` and, for flow rows, ``sample_seconds``): the trained zoo (``n_wide`` random checkpoints, drawn from ``seed``), wide
     networks assembled from the neurons of the 784-10-10 training checkpoints (:func:`assembled_networks`),
     :data:`NEURON_ANCHORED` at the new width (its anchor widened by repeating neurons,
     :meth:`~wsbook.weightflow.NeuronField.with_spec`; outgoing weights scaled by the width ratio), the
@@ -445,38 +405,34 @@ def width_transfer(seed: int = 0) -> dict[str, dict]:
     """
     b = budget()
     ds, wide = data.load(ZOO), targets.zoo(WIDE_ZOO)
-    pick = torch.randperm(len(wide), generator=torch.Generator().manual_seed(seed))[:b.n_wide]
-    theta = wide.theta[pick]
-    rows = {"trained 784-32-10 (zoo)": {**score(probs_of(wide.spec, theta, ds), ds.y_test),
-                                        "neuron_similarity": neuron_similarity(wide.spec, theta)}}
+    theta = wide.theta[torch.randperm(len(wide), generator=torch.Generator().manual_seed(seed))[:b.n_wide]]
+
+    def scored(theta: Tensor, **extra) -> dict:
+        return {**flows.probability_scores(probs_of(wide.spec, theta, ds), ds.y_test),
+                "neuron_similarity": neuron_similarity(wide.spec, theta), **extra}
+
+    rows = {"trained 784-32-10 (zoo)": scored(theta)}
     train = split().train
-    theta = assembled_networks(train.theta, train.spec, wide.spec, b.n_wide,
-                               generator=torch.Generator().manual_seed(seed))
-    rows["assembled from 784-10-10 neurons"] = {**score(probs_of(wide.spec, theta, ds), ds.y_test),
-                                                "neuron_similarity": neuron_similarity(wide.spec, theta)}
+    rows["assembled from 784-10-10 neurons"] = scored(assembled_networks(
+        train.theta, train.spec, wide.spec, b.n_wide, generator=torch.Generator().manual_seed(seed)))
     # the anchored field at the new width (its anchor widened by repeating neurons); every neuron's outgoing
     # weights are sized for the narrow width, so they are scaled by h / H to average rather than add up
     theta, seconds = sample_flow(NEURON_ANCHORED, n=b.n_wide, widths=wide.spec.widths, seed=seed)
     (w1, w2), (b1, b2) = wide.spec.weights(theta), wide.spec.biases(theta)
     theta = wide.spec.pack([w1, w2 * train.spec.widths[1] / wide.spec.widths[1]], [b1, b2])
-    rows[f"{NEURON_ANCHORED}, transferred"] = {**score(probs_of(wide.spec, theta, ds), ds.y_test),
-                                               "neuron_similarity": neuron_similarity(wide.spec, theta),
-                                               "sample_seconds": seconds}
+    rows[f"{NEURON_ANCHORED}, transferred"] = scored(theta, sample_seconds=seconds)
     k = -(-wide.spec.widths[1] // train.spec.widths[1])
     narrow, seconds = sample_flow(NEURON_ANCHORED, n=b.n_wide * k, seed=seed)
     theta = assembled_networks(narrow, train.spec, wide.spec, b.n_wide, generator=torch.Generator().manual_seed(seed))
-    rows[f"{NEURON_ANCHORED}, composed"] = {**score(probs_of(wide.spec, theta, ds), ds.y_test),
-                                            "neuron_similarity": neuron_similarity(wide.spec, theta),
-                                            "sample_seconds": seconds}
+    rows[f"{NEURON_ANCHORED}, composed"] = scored(theta, sample_seconds=seconds)
     # the same k narrow samples as an ensemble: the baseline an anchored transfer has to beat
     members = probs_of(train.spec, narrow[:b.n_wide * k], ds)
-    rows[f"{NEURON_ANCHORED}, {k}-member average"] = {
-        **score(members.reshape(b.n_wide, k, *members.shape[1:]).mean(1), ds.y_test), "sample_seconds": seconds}
+    average = members.reshape(b.n_wide, k, *members.shape[1:]).mean(1)
+    rows[f"{NEURON_ANCHORED}, {k}-member average"] = {**flows.probability_scores(average, ds.y_test),
+                                                      "sample_seconds": seconds}
     for recipe, guided in ((TRANSFER, None), (TRANSFER, "mnist"), (UNANCHORED_GNN, None)):
         theta, seconds = sample_flow(recipe, n=b.n_wide, widths=wide.spec.widths, guided=guided, seed=seed)
-        rows[f"{recipe}, transferred" + (" + guidance" if guided else "")] = {
-            **score(probs_of(wide.spec, theta, ds), ds.y_test),
-            "neuron_similarity": neuron_similarity(wide.spec, theta), "sample_seconds": seconds}
+        rows[f"{recipe}, transferred" + (" + guidance" if guided else "")] = scored(theta, sample_seconds=seconds)
     return rows
 
 
@@ -537,7 +493,7 @@ def init_curves(starts: dict[str, Tensor], task: str = "permuted") -> dict[str, 
 # ------------------------------------------------------------------------------------- model size
 def field_size_sweep(recipe: str = "geometric_aligned_ot", y: Tensor | None = None) -> list[dict]:
     """The same recipe with GNN fields of the budget's ``field_dims`` widths, trained for the same steps:
-    ``[{"dim", "field_parameters", "train_seconds", "accuracy", "nll", "bma64_accuracy", ...}]``."""
+    ``[{"dim", "field_parameters", "train_seconds", "accuracy", "nll", "bma_accuracy", ...}]``."""
     b = budget()
     ds = data.load(ZOO)
     spec = MLPSpec(targets.ZOOS[ZOO].widths)
@@ -545,7 +501,7 @@ def field_size_sweep(recipe: str = "geometric_aligned_ot", y: Tensor | None = No
     for dim in b.field_dims:
         trained = flows.train_flow(ZOO, recipe_config(recipe, b, dim), n_holdout=b.n_holdout)
         theta, _ = sample_flow(recipe, dim=dim)
-        row = score(probs_of(spec, theta, ds), ds.y_test)
+        row = flows.probability_scores(probs_of(spec, theta, ds), ds.y_test)
         losses = trained.losses[-max(1, len(trained.losses) // 10):]
         rows.append(dict(dim=dim, field_parameters=trained.field_parameters, train_seconds=trained.seconds,
                          final_loss=float(losses.mean()), **row))
@@ -553,6 +509,6 @@ def field_size_sweep(recipe: str = "geometric_aligned_ot", y: Tensor | None = No
 
 
 __all__ = ["RECIPES", "TRANSFER", "UNANCHORED_GNN", "NEURON_ANCHORED", "BMA_SIZES", "describe", "Budget", "budget",
-           "split", "permuted_mnist", "task_data", "recipe_config", "make_flow", "sample_flow", "probs_of", "score",
-           "nearest_neighbour_ratio", "bma_curve", "neuron_similarity", "assembled_networks", "width_transfer", "trained_networks",
+           "split", "permuted_mnist", "task_data", "recipe_config", "make_flow", "sample_flow", "probs_of",
+           "bma_curve", "neuron_similarity", "assembled_networks", "width_transfer", "trained_networks",
            "init_curves", "field_size_sweep"]

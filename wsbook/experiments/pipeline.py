@@ -12,9 +12,9 @@ A *target* is what a flow learns to generate:
 A *recipe* is one flow over a target and its budget at the current scale (:func:`recipes`): the chart, the
 coupling, the vector field, the objective and the training sizes. Its name is the row name of the chapter's
 tables. Training and sampling are cached (:mod:`wsbook.cache`), so a chapter run after
-``python -m wsbook all`` trains nothing. Scoring is the targets' own: zoo samples against validation runs
-(:func:`wsbook.experiments.flows.score`), posterior samples against the validation HMC run
-(:mod:`wsbook.experiments.posterior_flows`); the test runs are read only by the verdict tables.
+``python -m wsbook all`` trains nothing. :func:`score` scores any set of networks of a zoo target against
+its validation runs (:func:`references`); posterior samples are scored against the validation HMC run by
+:mod:`wsbook.experiments.posterior_flows`. The test runs are read only by the verdict tables.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from wsbook import config
-from wsbook.experiments import flows, mnist_flows as mf, posterior_flows as pf
+from wsbook.experiments import flows, mnist_flows as mf, posterior_flows as pf, targets
 
 #: the zoo targets and the posterior targets
 ZOO_TARGETS = ("breast_cancer", "mnist5k")
@@ -143,3 +143,52 @@ def sample(target: str, name: str, n: int | None = None, *, seed: int = 0, sampl
         generator = config.generator() if sample_seed is None else torch.Generator().manual_seed(sample_seed)
     theta, _, seconds = pf.sample_flow(train(target, name, seed).flow, n, generator, steps)
     return theta, seconds
+
+
+def _zoo_split(target: str):
+    return mf.split() if target == mf.ZOO else flows.zoo_split(target)
+
+
+def references(target: str, n: int | None = None) -> flows.References:
+    """The validation references of the zoo target ``target`` for sets of ``n`` networks (default for MNIST:
+    its budget's ``n_samples``): every distance of :func:`score`, and the perfect generator's floor drawn
+    from as many networks (:func:`wsbook.experiments.flows.references`)."""
+    _check_target(target)
+    if target not in ZOO_TARGETS:
+        raise ValueError(f"references: {target!r} is a posterior target; its reference is an HMC run "
+                         f"(wsbook.experiments.posterior_flows.HMC_RUNS)")
+    if target == mf.ZOO:
+        return mf.references(n)
+    if n is None:
+        raise ValueError(f"references: {target!r} needs the networks per set n")
+    return flows.references(_zoo_split(target), n)
+
+
+def score(target: str, theta: Tensor, refs: flows.References | None = None, *, data=None, seed: int = 0) -> dict:
+    """One row of a results table: networks ``theta [n, D]`` of the zoo target ``target`` scored the one way
+    every table scores them (:func:`wsbook.experiments.flows.score`): accuracy, NLL, the model average of
+    64 (``bma_accuracy``, ``bma_nll``) and diversity on the data's test inputs, and against the validation
+    runs ``refs`` (default :func:`references` for ``n`` networks) the MMD^2 over the perfect generator's
+    floor (``mmd_ratio``), the memorisation ratio ``nn_ratio`` and the weight-space W2.
+
+    Args:
+        target: a zoo target (:data:`ZOO_TARGETS`).
+        theta: the networks, in the zoo's architecture.
+        refs: the reference runs (from :func:`references`; built for ``len(theta)`` networks if omitted).
+        data: score on another data set's test split instead (a :class:`wsbook.data.Dataset` with the zoo's
+            inputs and classes, e.g. a second task): the function columns only, without references.
+        seed: the model average's members and the W2 subsamples.
+    """
+    _check_target(target)
+    if target not in ZOO_TARGETS:
+        raise ValueError(f"score: {target!r} is a posterior target; its samples are scored against HMC runs "
+                         f"by wsbook.experiments.posterior_flows")
+    if data is not None:
+        if refs is not None:
+            raise ValueError("score: references are the zoo's runs on the zoo's data; pass data or refs, not both")
+        spec = _zoo_split(target).spec
+        probs = targets.predictive_probs(spec, spec.check(theta, "theta"), data.x_test)
+        return flows.probability_scores(probs, data.y_test, generator=torch.Generator().manual_seed(seed))
+    if refs is None:
+        refs = references(target, len(theta))
+    return flows.score(theta, refs, seed=seed)

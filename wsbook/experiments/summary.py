@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from wsbook import config, data
+from wsbook import config
 from wsbook.experiments import flows, pipeline, tasks
 from wsbook.experiments import mnist_flows as mf
 
@@ -20,7 +20,7 @@ EXTENDED = "euclidean_aligned_ot, extended"
 NEURON_GRAPH = flows.neuron_config().name
 BREAST_CANCER_ROWS = ("plain baseline", NEURON_GRAPH, flows.neuron_config("geometric").name, "euclidean_aligned_ot",
                       EXTENDED)
-MNIST_ROWS = ("plain_baseline", "euclidean_aligned_ot", "geometric_aligned_ot", mf.UNANCHORED_GNN, mf.TRANSFER,
+MNIST_ROWS = ("plain baseline", "euclidean_aligned_ot", "geometric_aligned_ot", mf.UNANCHORED_GNN, mf.TRANSFER,
               mf.NEURON_ANCHORED)
 
 
@@ -41,30 +41,25 @@ def headline() -> pd.DataFrame:
     """
     rows = []
     n_gen, solver_steps = breast_cancer_sizes()
-    refs = flows.references(flows.zoo_split("breast_cancer"), n_gen)
+    refs = pipeline.references("breast_cancer", n_gen)
     target = flows.target_rows(refs, n_gen)["iid training checkpoints"]
     sets = {"target": target}
     for name in BREAST_CANCER_ROWS:
         theta, _ = pipeline.sample("breast_cancer", name, n_gen, steps=solver_steps)
-        sets[name] = flows.score(theta, refs)
-    for name, s in sets.items():
-        rows.append(dict(task="breast cancer", networks=name, accuracy=s["accuracy"],
-                         gap=s["accuracy"] - target["accuracy"], nll=s["nll"], bma_accuracy=s["bma_accuracy"],
-                         mmd_ratio=s["mmd_ratio"], nn_ratio=s["nn_train"] / s["nn_held"]))
+        sets[name] = pipeline.score("breast_cancer", theta, refs)
     b = mf.budget()
-    train, refs = mf.split().train, mf.references()
-    spec, ds = train.spec, data.load(mf.ZOO)
+    train, refs = mf.split().train, pipeline.references(mf.ZOO)
     pick = torch.randperm(len(train), generator=config.generator())[:b.n_samples]
-    mn = {"target": mf.score(mf.probs_of(spec, train.theta[pick], ds), ds.y_test, refs)}
+    mn = {"target": pipeline.score(mf.ZOO, train.theta[pick], refs)}
     for recipe in MNIST_ROWS:
-        if recipe == "plain_baseline" or recipe in b.recipes:
-            theta, _ = pipeline.sample(mf.ZOO, recipe)
-            mn[recipe.replace("plain_baseline", "plain baseline")] = mf.score(
-                mf.probs_of(spec, theta, ds), ds.y_test, refs)
-    for name, s in mn.items():
-        rows.append(dict(task="MNIST 784-10-10", networks=name, accuracy=s["accuracy"],
-                         gap=s["accuracy"] - mn["target"]["accuracy"], nll=s["nll"],
-                         bma_accuracy=s["bma64_accuracy"], mmd_ratio=s["mmd_ratio"]))
+        if recipe == "plain baseline" or recipe in b.recipes:
+            mn[recipe] = pipeline.score(mf.ZOO, pipeline.sample(mf.ZOO, recipe)[0], refs)
+    for task, scored, columns in (("breast cancer", sets, ("nn_ratio",)), ("MNIST 784-10-10", mn, ())):
+        for name, s in scored.items():
+            rows.append(dict(task=task, networks=name, accuracy=s["accuracy"],
+                             gap=s["accuracy"] - scored["target"]["accuracy"], nll=s["nll"],
+                             bma_accuracy=s["bma_accuracy"], mmd_ratio=s["mmd_ratio"],
+                             **{c: s[c] for c in columns}))
     return pd.DataFrame(rows).set_index(["task", "networks"])
 
 
