@@ -58,6 +58,22 @@ def test_mnist_zoos_shapes():
     assert T.evaluate(w.spec, w.final().theta, w.data).accuracy > 0.8
 
 
+def test_cnn_zoo_reads_images_and_splits_by_run():
+    from wsbook.experiments import flows
+    from wsbook.nets import CNNSpec
+
+    z = T.zoo("cnn_digits", n_runs=3)
+    assert isinstance(z.spec, CNNSpec) and z.spec.n_params == 754 and len(z.runs) == 3
+    assert z.data.x_test.shape[1:] == (1, 8, 8) and z.data.x_train.shape[1:] == (1, 8, 8)
+    f = z.final()
+    assert T.evaluate(z.spec, f.theta, z.data, split="val").accuracy > 0.8
+    assert "cnn_digits" not in T.MLP_ZOOS and "breast_cancer" in T.MLP_ZOOS
+    with pytest.raises(ValueError, match="square images"):
+        T.CNNZooConfig("breast_cancer", (1, 4, 2), "adam", 1e-2, epochs=1, discard_epochs=0, every=1).load_data()
+    split = flows.zoo_split("cnn_digits", n_holdout=2)
+    assert split.run_counts()["test"] == 2 and isinstance(split.spec, CNNSpec)
+
+
 def test_hmc_reference_diagnostics_and_independent_seeds():
     a, b = T.hmc_reference("breast_cancer", 0), T.hmc_reference("breast_cancer", 1)
     s = T.hmc_settings("breast_cancer")

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from wsbook import config, data
+from wsbook import config
 from wsbook.bayes import distances
 from wsbook.cache import cached
 from wsbook.experiments import protocol, targets
@@ -302,7 +302,7 @@ def _sample_flow(zoo_name: str, n_holdout: int | None, split_seed: int, cfg: Flo
     gen = torch.Generator().manual_seed(sample_seed)
     guide = None
     if guidance > 0:
-        ds = data.load(targets.ZOOS[zoo_name].dataset, device="cpu")
+        ds = targets.ZOOS[zoo_name].load_data(device="cpu")
         guide = Guidance(ds.x_train, ds.y_train, weight=guidance, schedule=guidance_schedule, batch_size=None,
                          generator=gen)
     start = time.perf_counter()
@@ -629,7 +629,7 @@ def steps_curve(zoo_name: str, cfg: FlowConfig, steps_list: tuple[int, ...], n: 
     ``steps_list`` and every guidance weight (thesis Fig. 7.3): one dict per (steps, guidance) with
     ``flow``, ``steps``, ``guidance``, ``accuracy``, ``nll`` (means over networks) and ``seconds``.
     Further keyword arguments go to :func:`sample_flow`."""
-    ds = data.load(targets.ZOOS[zoo_name].dataset)
+    ds = targets.ZOOS[zoo_name].load_data()
     spec = targets.ZOOS[zoo_name].spec
     rows = []
     for lam in guidance:
@@ -643,7 +643,7 @@ def steps_curve(zoo_name: str, cfg: FlowConfig, steps_list: tuple[int, ...], n: 
 
 @cached("flows/adam_curve", version=1)
 def _adam_curve(cfg: targets.ZooConfig, steps_list: tuple[int, ...], n: int, seed: int) -> dict:
-    ds = data.load(cfg.dataset)
+    ds = cfg.load_data()
     spec = cfg.spec
     gen = torch.Generator().manual_seed(seed)
     theta0 = (torch.randn(n, spec.n_params, generator=gen) * cfg.init_std).to(ds.x_train)
@@ -664,7 +664,7 @@ def adam_curve(zoo_name: str, steps_list: tuple[int, ...], n: int, seed: int = 0
     if not steps_list or min(steps_list) < 1:
         raise ValueError(f"adam_curve: steps_list must hold positive step counts; got {steps_list}")
     thetas = _adam_curve(cfg, steps_list, n, seed)["theta"]
-    ds = data.load(cfg.dataset)
+    ds = cfg.load_data()
     rows = []
     for k, theta in zip(steps_list, thetas):
         ev = targets.evaluate(cfg.spec, theta, ds, bma_k=1)

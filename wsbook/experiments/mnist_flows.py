@@ -31,7 +31,6 @@ import torch
 from torch import Tensor
 
 from wsbook import config, data
-from wsbook.bayes import distances
 from wsbook.cache import cached
 from wsbook.experiments import flows, protocol, targets
 from wsbook.nets import MLPSpec, train_population
