@@ -399,3 +399,21 @@ def test_lab_log_words_are_caught(line):
                                   "every weight we tried", "the test run is opened"])
 def test_book_words_pass(line):
     assert not LAB_LOG.search(line)
+
+
+# ------------------------------------------------------------------ colours
+def test_a_method_has_one_colour_under_every_name():
+    """A method is drawn in its colour whether a figure names it by identifier or by label, and the posterior
+    chapter's rows are each in a colour of their own, none an inference method's (they share its figures)."""
+    from wsbook.figures import style
+
+    for method, text in style.METHOD_LABELS.items():
+        if method in style.METHOD_COLORS:
+            assert style.color(text) == style.color(method), (method, text)
+    rows = [name for name in style.SERIES_COLORS if name != "HMC, training run"]
+    colours = [style.color(name) for name in rows]
+    assert len(set(colours)) == len(colours), dict(zip(rows, colours))
+    methods = ("hmc", "sgld", "sghmc", "vi", "laplace", "ensemble", "sgd_trajectory", "map")
+    shared = {name: style.color(name) for name in rows if style.color(name) in {style.color(m) for m in methods}}
+    assert not shared, f"rows in an inference method's colour: {shared}"
+    assert style.color("adam") != style.color("normalized"), "Adam runs beside the normalized flow"

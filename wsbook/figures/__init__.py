@@ -15,13 +15,12 @@ from wsbook.figures.flows import sphere_geometry, sphere_samples, trajectories_2
 from wsbook.figures.graphs import aligner_learning_curves, draw_neural_graph
 from wsbook.figures.results import (accuracy_histograms, first_layer_images, neuron_tiles, pca_projection,
                                     pca_scatter, predictive_scatter, reliability, reliability_diagram)
-from wsbook.figures.style import (METHOD_COLORS, METHOD_LABELS, PALETTE, TEMPLATE, BookRenderer, color, curves_with_bands,
-                                  heatmap_grid, label, rgba, scene3d, setup,
-                                  sphere_surface)
+from wsbook.figures.style import (METHOD_COLORS, METHOD_LABELS, PALETTE, SERIES_COLORS, TEMPLATE, BookRenderer, color,
+                                  curves_with_bands, heatmap_grid, label, rgba, scene3d, setup, sphere_surface)
 from wsbook.figures.symmetry import neurons_on_sphere
 
 __all__ = [
-    "METHOD_COLORS", "METHOD_LABELS", "label", "PALETTE", "TEMPLATE", "BookRenderer", "color", "rgba", "setup",
+    "METHOD_COLORS", "METHOD_LABELS", "SERIES_COLORS", "label", "PALETTE", "TEMPLATE", "BookRenderer", "color", "rgba", "setup",
     "curves_with_bands", "heatmap_grid", "scene3d", "sphere_surface",
     "function_samples", "regression_panels", "entropy_maps",
     "trajectories_2d", "sphere_geometry", "sphere_samples",

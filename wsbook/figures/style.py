@@ -27,6 +27,8 @@ METHOD_COLORS: dict[str, str] = {
     # inference methods
     "hmc": "#000000", "sgld": "#0072B2", "sghmc": "#56B4E9", "vi": "#D55E00", "laplace": "#E69F00",
     "ensemble": "#009E73", "map": "#999999", "sgd_trajectory": "#44AA99",
+    # networks trained by Adam beside a flow's (the palette colour that "adam" would hash to is "normalized"'s)
+    "adam": "#44AA99",
     # flows over weights
     "flow": "#CC79A7", "euclidean": "#882255", "normalized": "#AA4499", "geometric": "#CC79A7", "target": "#000000",
     # alignment
@@ -67,11 +69,33 @@ def label(name: str) -> str:
     return METHOD_LABELS.get(str(name), str(name).replace("_", " ") if "_" in str(name) else str(name))
 
 
+#: The posterior chapter's other rows (:mod:`wsbook.experiments.posterior_flows`), by the names they are
+#: shown under: the flows in their charts' colours, the rest each in a colour of its own that no method has.
+SERIES_COLORS: dict[str, str] = {
+    "euclidean flow": "#882255", "normalized flow": "#AA4499", "geometric flow": "#CC79A7",
+    "flow, draws + density": "#117733", "euclidean flow + reverse KL": "#332288",
+    "gaussian fit": "#999933", "per-chain gaussians": "#661100", "prior draws": "#BBBBBB",
+    "the flow's source": "#DDCC77", "HMC, training run": "#000000",
+}
+
+
+def _key(name: str) -> str:
+    return str(name).lower().replace(" ", "_").replace("-", "_")
+
+
 def color(name: str) -> str:
-    """The colour of a method (case- and separator-insensitive); unknown names get a stable palette colour."""
-    key = name.lower().replace(" ", "_").replace("-", "_")
+    """The colour of a method (case- and separator-insensitive), also under its readable label
+    (``"mean-field VI"`` is ``vi``'s colour) and of the series in :data:`SERIES_COLORS`; other names get a
+    stable palette colour."""
+    key = _key(name)
     if key in METHOD_COLORS:
         return METHOD_COLORS[key]
+    series = {_key(k): v for k, v in SERIES_COLORS.items()}
+    if key in series:
+        return series[key]
+    labels = {_key(v): k for k, v in METHOD_LABELS.items() if k in METHOD_COLORS}
+    if key in labels:
+        return METHOD_COLORS[labels[key]]
     return PALETTE[int(hashlib.md5(key.encode()).hexdigest(), 16) % len(PALETTE)]
 
 
