@@ -5,8 +5,8 @@ plotly-rendered SVG and that pages with math were typeset by MathJax, and saves 
 ``_build/screenshots/``. On every chapter page it also checks what a reader meets (issue 11): every
 figure has axis titles and a numbered caption, no code cell is wider than the page, no cell leaves a
 stray plain-text result (``True``, ``16``), the executed ``.ipynb`` download link works, and plotly.js is
-loaded only by pages that draw a figure. The HTML directory comes from ``WSBOOK_HTML_DIR`` (set by
-``tests/gates.py``).
+loaded only by pages that draw a figure (the 2-D ones get the cartesian partial bundle, no page gets the
+theme's fontawesome.js). The HTML directory comes from ``WSBOOK_HTML_DIR`` (set by ``tests/gates.py``).
 
 Also at phone width (400 px): no page scrolls sideways, panel grids are stacked, legends sit below the
 plot, hover labels are formatted and the "Run this chapter" box is collapsed; and a chapter opens as a
@@ -266,15 +266,60 @@ def test_launch_links_point_to_the_configured_repository():
     assert not problems, "\n".join(problems)
 
 
+PLOTLY_SCRIPT = re.compile(r'<script src="[^"]*_static/(plotly\.min\.js|plotly/plotly-cartesian\.min\.js)')
+
+
 def test_plotly_only_on_pages_with_figures():
-    """Issue 11: plotly.js (megabytes) is linked only by the pages that draw a figure."""
+    """Issue 11: plotly.js (megabytes) is linked only by the pages that draw a figure, once; a page whose
+    figures are all 2-D links the cartesian partial bundle (1.5 MB instead of 4.8 MB) when the book ships it
+    at the installed plotly.js's version, and the full bundle only where a figure needs it (3-D scenes)."""
+    from wsbook import sphinx
+
+    partial_ok = sphinx.plotly_bundle({"scatter"}, ROOT / "_static") == sphinx.PARTIAL_PLOTLY
+    problems = []
     for page in pages():
         html = page.read_text()
         if "http-equiv=\"Refresh\"" in html:
             continue
-        loads = "plotly.min.js" in html
+        loads = PLOTLY_SCRIPT.findall(html)
         draws = "Plotly.newPlot" in html
-        assert loads == draws, f"{page.name}: loads plotly.js={loads}, draws a figure={draws}"
+        if len(loads) != (1 if draws else 0):
+            problems.append(f"{page.name}: links plotly.js {loads}, draws a figure: {draws}")
+            continue
+        if draws:
+            types = sphinx.page_trace_types(html[html.find("<body"):])
+            wanted = "plotly/plotly-cartesian.min.js" if partial_ok and types <= sphinx.CARTESIAN_TRACES \
+                else "plotly.min.js"
+            if loads[0] != wanted:
+                problems.append(f"{page.name}: trace types {sorted(types)} load {loads[0]}, not {wanted}")
+    assert not problems, "\n".join(problems)
+
+
+def test_no_fontawesome_script_and_the_icons_still_drawn(server, browser):
+    """The theme's fontawesome.js (1.5 MB of JavaScript on every page) is not linked; its stylesheet draws
+    the header's icons from Font Awesome's web font instead: each icon has a glyph of that font and a size."""
+    linked = [p.name for p in pages() if "scripts/fontawesome.js" in p.read_text()]
+    assert not linked, f"pages still link fontawesome.js: {linked[:5]}"
+    page = next(p for p in chapter_pages() if p.name.startswith("01_"))
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    tab = context.new_page()
+    tab.goto(f"{server}/{page.relative_to(HTML).as_posix()}", wait_until="load")
+    tab.evaluate("document.fonts.ready")
+    icons = tab.evaluate("""() => Array.from(document.querySelectorAll(
+        '.header-article i[class*="fa-"], .bd-header i[class*="fa-"], .theme-switch-button i[class*="fa-"]'
+        )).map(el => {
+          const before = getComputedStyle(el, '::before'), box = el.getBoundingClientRect();
+          return {cls: el.className, font: before.fontFamily, content: before.content,
+                  visible: el.offsetParent !== null, width: box.width,
+                  loaded: document.fonts.check('900 16px "Font Awesome 6 Free"')}; })""")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    tab.screenshot(path=str(SHOTS / "icons__header.png"), clip={"x": 0, "y": 0, "width": 1280, "height": 120})
+    context.close()
+    shown = [i for i in icons if i["visible"]]
+    assert shown, f"no Font Awesome icon in the page header: {icons}"
+    bad = [i for i in shown if "Font Awesome" not in i["font"] or i["content"] in ("none", "normal", '""')
+           or i["width"] < 4 or not i["loaded"]]
+    assert not bad, f"icons not drawn from the web font: {bad}"
 
 
 def test_there_are_pages():

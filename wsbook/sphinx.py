@@ -5,6 +5,11 @@ Figures rendered by :class:`wsbook.figures.BookRenderer` are plain divs plus a `
 so the library must be loaded, synchronously, before the page body; this extension copies the copy of
 plotly.js that ships with the installed ``plotly`` package into ``_static`` and links it in the ``<head>``
 of the pages that draw a figure, and only those (about 4.6 MB that a page without figures never loads).
+A page whose figures use only 2-D trace types (:data:`CARTESIAN_TRACES`) loads plotly.js's cartesian partial
+bundle instead (1.5 MB, ``_static/plotly/plotly-cartesian.min.js``, kept at the installed plotly.js's
+version: :func:`plotly_bundle`); pages with 3-D scenes load the full one. The theme's Font Awesome script
+(1.5 MB of JavaScript that redraws the icons as SVG) is not linked: the theme's stylesheet draws the same
+icons from Font Awesome's web fonts (:func:`_drop_fontawesome_js`).
 
 The build stamp is available to every page as the MyST substitutions ``{{ wsbook_version }}``,
 ``{{ build_date }}`` and ``{{ build_scale }}``, and is shown in the footer of every page; the cite page's
@@ -24,7 +29,9 @@ says how to run the chapter from a clone (:func:`launch_theme_options`).
 from __future__ import annotations
 
 import csv
+import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -45,6 +52,11 @@ REPOSITORY_ENV = "WSBOOK_REPOSITORY_URL"
 JUPYTER_BOOK_DEFAULT_REPOSITORY = "https://github.com/executablebooks/jupyter-book"
 #: The ``launch_buttons`` keys of sphinx-book-theme that make a launch button.
 LAUNCH_PROVIDERS = ("binderhub_url", "jupyterhub_url", "colab_url", "deepnote_url", "jupyterlite_url", "thebe")
+#: plotly.js's cartesian partial bundle, relative to the book's ``_static`` (see its README.txt there).
+PARTIAL_PLOTLY = "plotly/plotly-cartesian.min.js"
+#: The trace types that bundle draws (``plotly.js-cartesian-dist-min``).
+CARTESIAN_TRACES = frozenset({"bar", "box", "contour", "heatmap", "histogram", "histogram2d", "histogram2dcontour",
+                              "image", "pie", "scatter", "scatterternary", "violin"})
 
 
 def _plotly_js() -> Path:
@@ -54,6 +66,50 @@ def _plotly_js() -> Path:
     if not path.exists():
         raise FileNotFoundError(f"plotly.min.js not found in the installed plotly package ({path})")
     return path
+
+
+def plotly_js_version(path: Path) -> str | None:
+    """The plotly.js version a bundle names in its first lines (``v4.1.1`` -> ``"4.1.1"``), if any."""
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        head = handle.read(400)
+    found = re.search(r"plotly\.js(?: \([^)]*\))? v(\d+\.\d+\.\d+)", head)
+    return found.group(1) if found else None
+
+
+def page_trace_types(body: str) -> set[str]:
+    """The plotly trace types of every figure drawn in a page's HTML body: the data (second argument) of each
+    ``Plotly.newPlot`` call and of each ``Plotly.addFrames`` call (a trace without a type is a scatter)."""
+    decoder = json.JSONDecoder()
+    types: set[str] = set()
+    for call in re.finditer(r"Plotly\.(newPlot|addFrames)\(\s*(\"[^\"]*\"|'[^']*')\s*,\s*", body):
+        try:
+            value, _ = decoder.raw_decode(body, call.end())
+        except ValueError:
+            types.add("unknown")   # not plain JSON: the full bundle
+            continue
+        traces = value if call.group(1) == "newPlot" else [t for frame in value for t in frame.get("data", [])]
+        types |= {str(t.get("type") or "scatter") for t in traces if isinstance(t, dict)}
+    return types
+
+
+def plotly_bundle(types: set[str], static: Path) -> str:
+    """The plotly.js file, relative to ``_static``, for a page whose figures use the trace ``types``: the
+    cartesian partial bundle in the book's ``static`` folder if it draws them all and is the installed
+    plotly.js's version, else the installed full bundle (``plotly.min.js``)."""
+    partial = static / PARTIAL_PLOTLY
+    if types <= CARTESIAN_TRACES and partial.exists() and \
+            plotly_js_version(partial) == plotly_js_version(_plotly_js()):
+        return PARTIAL_PLOTLY
+    return "plotly.min.js"
+
+
+_FONTAWESOME_JS = re.compile(r'[ \t]*<script defer src="[^"]*_static/scripts/fontawesome\.js[^"]*"></script>\n?')
+
+
+def _drop_fontawesome_js(text: str) -> str:
+    """A page without the theme's ``fontawesome.js`` link (pydata-sphinx-theme links it "so that users can
+    add custom icons", which this book does not; its stylesheet draws the icons from the web fonts)."""
+    return _FONTAWESOME_JS.sub("", text)
 
 
 def _finish_html(app, exc) -> None:
@@ -84,7 +140,7 @@ def _dedupe_inline_scripts(outdir: Path) -> None:
                     continue
                 seen.add(key)
             kept.append(line)
-        fixed = "\n".join(kept) + text[head_end:]
+        fixed = _drop_fontawesome_js("\n".join(kept)) + text[head_end:]
         if fixed != text:
             page.write_text(fixed, encoding="utf-8")
 
@@ -168,13 +224,19 @@ def _stamp(app, config) -> None:
               f"<code>{stamp['build_scale']}</code> (<a href=\"{_CITE_HREF}\">how to cite</a>)")
     options["extra_footer"] = (options.get("extra_footer") or "") + f"<p>{footer}</p>"
     config.html_theme_options = options
+    # the partial plotly.js bundle in _static is linked by the pages that need it (_page_context), not by all
+    # (jupyter-book links every .js file it finds in _static)
+    config.html_js_files = [f for f in (config.html_js_files or [])
+                            if (f[0] if isinstance(f, (tuple, list)) else f) != PARTIAL_PLOTLY]
 
 
 def _page_context(app, pagename, templatename, context, doctree) -> None:
     # Plotly only where a figure is drawn; the page body is already rendered here.
-    if "Plotly.newPlot" in (context.get("body") or ""):
+    body = context.get("body") or ""
+    if "Plotly.newPlot" in body:
         app.add_js_file(None, body="window.PlotlyConfig = {MathJaxConfig: 'local'};", priority=100)
-        app.add_js_file("plotly.min.js", priority=101)
+        static = Path(app.srcdir) / "_static"
+        app.add_js_file(plotly_bundle(page_trace_types(body), static), priority=101)
     # The footer's "how to cite" link is relative to the page.
     theme = context.get("theme_extra_footer")
     if theme and _CITE_HREF in theme and "pathto" in context:
