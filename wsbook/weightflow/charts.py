@@ -1,6 +1,7 @@
 """Charts: how a population of networks becomes points of a space that a flow runs on, and back.
 
-A chart fixes four things for one architecture (an :class:`~wsbook.nets.MLPSpec`):
+A chart fixes four things for one architecture (an :class:`~wsbook.nets.MLPSpec` or a
+:class:`~wsbook.nets.CNNSpec`):
 
 * ``to_points(theta)`` / ``to_weights(points)``: networks ``[B, D]`` (the spec's flat layout) to points of
   the chart's manifold ``[B, D]`` and back;
@@ -21,6 +22,12 @@ Three charts, as in the thesis (chapter 6, "Building flows in weight space"); se
   The last layer stays Euclidean (``last_layer="euclidean"``), so a chart point computes *exactly* the
   function of the network it came from; ``last_layer="sphere"`` puts the whole last layer on a sphere of
   radius ``sqrt(C)`` (the thesis's choice, which rescales the logits) for comparisons with its tables.
+
+Every chart reads the architecture through the symmetry module's description of its hidden *units*
+(:func:`wsbook.symmetry.symmetry_spec`): a hidden neuron of an MLP, a hidden channel of a CNN. For a CNN a
+channel's sphere factor is its flattened kernel and bias (``in_channels * k * k + 1`` numbers), and the
+weights that absorb its norm are the next convolution's kernels reading that channel, or the head's column
+reading its pooled feature; alignment permutes channels as it permutes neurons. One code path serves both.
 """
 from __future__ import annotations
 
@@ -30,11 +37,46 @@ import torch
 from torch import Tensor
 
 from wsbook.manifolds import Euclidean, Manifold, Sphere
-from wsbook.nets import MLPSpec
+from wsbook.nets import CNNSpec, MLPSpec, NetSpec
 from wsbook.symmetry import canonicalize, from_spheres, normalize_neurons, product_manifold, sphere_blocks, to_spheres
 from wsbook.symmetry import weight_matching
 
 LAST_LAYERS = ("euclidean", "sphere")
+#: the architectures a chart (and a field's saved config) describes
+SPECS = (MLPSpec, CNNSpec)
+#: the keys of a chart's or field's config that describe its architecture (:func:`spec_config`)
+SPEC_KEYS = ("widths", "activation", "architecture", "kernel_size")
+
+
+def check_spec(spec: object, who: str) -> NetSpec:
+    """``spec`` if it is an :class:`~wsbook.nets.MLPSpec` or a :class:`~wsbook.nets.CNNSpec`; ``TypeError``
+    naming ``who`` otherwise."""
+    if not isinstance(spec, SPECS):
+        raise TypeError(f"{who} needs an MLPSpec or a CNNSpec; got {type(spec).__name__}")
+    return spec
+
+
+def spec_config(spec: NetSpec) -> dict:
+    """The architecture as config entries: ``{"widths", "activation"}`` for an MLP (the keys saved configs
+    have always had), plus ``"architecture": "cnn"`` and ``"kernel_size"`` for a CNN (whose ``widths`` are
+    ``(in_channels, *channels, n_classes)``). :func:`split_spec_config` reads them back."""
+    cfg = {"widths": list(spec.widths), "activation": spec.activation}
+    if isinstance(spec, CNNSpec):
+        cfg |= {"architecture": "cnn", "kernel_size": spec.kernel_size}
+    return cfg
+
+
+def split_spec_config(cfg: dict) -> tuple[NetSpec, dict]:
+    """``(spec, rest)``: the architecture described by a config's :data:`SPEC_KEYS` (written by
+    :func:`spec_config`; without ``"architecture"`` an MLP) and the config's other entries."""
+    rest = {k: v for k, v in cfg.items() if k not in SPEC_KEYS}
+    architecture = cfg.get("architecture", "mlp")
+    widths = tuple(cfg["widths"])
+    if architecture == "mlp":
+        return MLPSpec(widths, cfg["activation"]), rest
+    if architecture == "cnn":
+        return CNNSpec(widths[0], widths[1:-1], cfg["kernel_size"], widths[-1], cfg["activation"]), rest
+    raise ValueError(f"unknown architecture {architecture!r} in a config; expected 'mlp' or 'cnn'")
 
 
 def _finite(x: Tensor, what: str) -> Tensor:
@@ -44,13 +86,13 @@ def _finite(x: Tensor, what: str) -> Tensor:
     return x
 
 
-def _align(spec: MLPSpec, reference: Tensor, theta: Tensor, max_iter: int = 100) -> Tensor:
+def _align(spec: NetSpec, reference: Tensor, theta: Tensor, max_iter: int = 100) -> Tensor:
     """Weight matching of every network to ``reference`` (one network, or one per member); returns the
     aligned population."""
     return weight_matching(spec, reference, theta, max_iter=max_iter).aligned
 
 
-def _align_nearest(spec: MLPSpec, references: Tensor, theta: Tensor) -> Tensor:
+def _align_nearest(spec: NetSpec, references: Tensor, theta: Tensor) -> Tensor:
     """Every network of ``theta [B, D]`` weight-matched to each of ``references [K, D]`` (one batched matching of
     ``K x B`` pairs), keeping the alignment that ends nearest its reference; one reference: :func:`_align`."""
     k, b = references.shape[0], theta.shape[0]
@@ -66,7 +108,7 @@ class Chart:
     ``kind`` and ``sigma`` (the source's scale on Euclidean coordinates)."""
 
     kind: str = "chart"
-    spec: MLPSpec
+    spec: NetSpec
     manifold: Manifold
     sigma: float
 
@@ -143,16 +185,19 @@ class Chart:
         rebuilds the chart."""
         raise NotImplementedError
 
-    def with_spec(self, spec: MLPSpec) -> "Chart":
+    def with_spec(self, spec: NetSpec) -> "Chart":
         """The same kind of chart for another architecture of the same depth (no reference network), on
-        ``spec`` itself (its bias and frequency too: a :class:`WeightFlow` needs its field's spec)."""
+        ``spec`` itself (its bias and frequency too: a :class:`WeightFlow` needs its field's spec). A CNN
+        keeps its kernel size; only hidden widths (neurons or channels) may change."""
         cfg = self.config()
-        if len(spec.widths) != len(self.spec.widths) or spec.widths[0] != self.spec.widths[0] \
-                or spec.widths[-1] != self.spec.widths[-1]:
-            raise ValueError(f"with_spec: {spec} must keep the depth, inputs and outputs of {self.spec}")
+        if type(spec) is not type(self.spec) or len(spec.widths) != len(self.spec.widths) \
+                or spec.widths[0] != self.spec.widths[0] or spec.widths[-1] != self.spec.widths[-1] \
+                or getattr(spec, "kernel_size", None) != getattr(self.spec, "kernel_size", None):
+            raise ValueError(f"with_spec: {spec} must keep the kind of network, depth, inputs and outputs "
+                             f"(and kernel size) of {self.spec}")
         kind = cfg.pop("kind")
-        for key in ("widths", "activation"):
-            cfg.pop(key)
+        for key in SPEC_KEYS:
+            cfg.pop(key, None)
         return make_chart(kind, spec, **{**cfg, "reference": None})
 
 
@@ -164,7 +209,7 @@ class EuclideanChart(Chart):
     in a mode of its own; row ``i`` of :meth:`sample_source` comes from component ``i % K``).
 
     Args:
-        spec: the architecture.
+        spec: the architecture (an :class:`~wsbook.nets.MLPSpec` or a :class:`~wsbook.nets.CNNSpec`).
         sigma: standard deviation of the Gaussian source: a number (the thesis uses 0.1 for classifiers, 1
             for its Gaussian toy), one positive value per weight ``[D]``, or one row per component ``[K, D]``.
         reference: a network ``[D]`` every population is aligned to in :meth:`to_points`, ``K`` networks
@@ -175,10 +220,9 @@ class EuclideanChart(Chart):
 
     kind = "euclidean"
 
-    def __init__(self, spec: MLPSpec, sigma: float | Tensor = 0.1, reference: Tensor | None = None,
+    def __init__(self, spec: NetSpec, sigma: float | Tensor = 0.1, reference: Tensor | None = None,
                  loc: Tensor | None = None):
-        if not isinstance(spec, MLPSpec):
-            raise TypeError(f"EuclideanChart needs an MLPSpec; got {type(spec).__name__}")
+        check_spec(spec, "EuclideanChart")
         self.loc = None if loc is None else spec.check(loc, "loc").detach().clone()          # [K, D]
         k = 1 if self.loc is None else self.loc.shape[0]
         if isinstance(sigma, Tensor) and sigma.numel() > 1:
@@ -229,22 +273,24 @@ class EuclideanChart(Chart):
         return torch.logsumexp(per_component, 1) - math.log(self.n_components)
 
     def config(self) -> dict:
-        cfg = {"kind": self.kind, "widths": list(self.spec.widths), "activation": self.spec.activation,
-               "sigma": self.sigma, "reference": self.reference}
+        cfg = {"kind": self.kind, **spec_config(self.spec), "sigma": self.sigma, "reference": self.reference}
         return cfg if self.loc is None else cfg | {"loc": self.loc}
 
 
 class _CanonicalChart(Chart):
     """Shared machinery of the Normalized and Geometric charts: canonical networks in the block layout of
-    :func:`wsbook.symmetry.sphere_blocks` (each hidden neuron's ``[w_in, b]`` contiguous, then the last
-    layer), with the source uniform on every neuron sphere and Gaussian on the Euclidean last layer."""
+    :func:`wsbook.symmetry.sphere_blocks` (each hidden unit's ``[w_in, b]`` contiguous -- a neuron's incoming
+    row, a channel's flattened kernel -- then the last layer), with the source uniform on every unit's sphere
+    and Gaussian on the Euclidean last layer."""
 
-    def __init__(self, spec: MLPSpec, sigma: float = 1.0, reference: Tensor | None = None,
+    def __init__(self, spec: NetSpec, sigma: float = 1.0, reference: Tensor | None = None,
                  last_layer: str = "euclidean"):
-        if not isinstance(spec, MLPSpec):
-            raise TypeError(f"{type(self).__name__} needs an MLPSpec; got {type(spec).__name__}")
+        check_spec(spec, type(self).__name__)
         if spec.activation != "relu" or not spec.bias:
-            raise ValueError(f"{type(self).__name__}: canonical networks need ReLU and biases; got {spec}")
+            raise ValueError(f"{type(self).__name__}: canonical networks need ReLU and biases; got {spec} (the chart "
+                             "scales every hidden unit's incoming weights and bias by 1/norm and its outgoing "
+                             "weights by norm, which keeps the function only for a positively homogeneous "
+                             "activation)")
         if spec.n_layers < 2:
             raise ValueError(f"{type(self).__name__}: needs at least one hidden layer; got {spec}")
         if last_layer not in LAST_LAYERS:
@@ -312,8 +358,8 @@ class _CanonicalChart(Chart):
         return total
 
     def config(self) -> dict:
-        return {"kind": self.kind, "widths": list(self.spec.widths), "activation": self.spec.activation,
-                "sigma": self.sigma, "reference": self.reference, "last_layer": self.last_layer}
+        return {"kind": self.kind, **spec_config(self.spec), "sigma": self.sigma, "reference": self.reference,
+                "last_layer": self.last_layer}
 
 
 class NormalizedChart(_CanonicalChart):
@@ -329,7 +375,7 @@ class NormalizedChart(_CanonicalChart):
 
     kind = "normalized"
 
-    def __init__(self, spec: MLPSpec, sigma: float = 1.0, reference: Tensor | None = None,
+    def __init__(self, spec: NetSpec, sigma: float = 1.0, reference: Tensor | None = None,
                  last_layer: str = "euclidean"):
         super().__init__(spec, sigma, reference, last_layer)
         self.manifold = Euclidean(spec.n_params)
@@ -347,9 +393,13 @@ class GeometricChart(_CanonicalChart):
     """The product of spheres of canonical networks (the thesis's "Geometric" flow), one unit sphere
     ``S^{fan_in}`` per hidden neuron (its incoming weights and bias) and, by default, the last layer in
     Euclidean space so that every point is a network computing exactly the function of its preimage.
+    For a CNN the factors are the hidden channels: ``S^{in_channels * k * k}`` per channel (its kernel and
+    bias); the next convolution's kernels reading the channel (or the head's column reading its pooled
+    feature) carry its norm.
 
     Args:
-        spec: a ReLU architecture with biases.
+        spec: a ReLU architecture with biases (an :class:`~wsbook.nets.MLPSpec` or a
+            :class:`~wsbook.nets.CNNSpec`).
         sigma: standard deviation of the Gaussian source on the Euclidean last layer.
         reference: a network ``[D]`` that canonical networks are aligned to (weight matching), or ``None``.
         last_layer: ``"euclidean"`` (exact function) or ``"sphere"`` (norm ``sqrt(C)``, the thesis variant).
@@ -357,7 +407,7 @@ class GeometricChart(_CanonicalChart):
 
     kind = "geometric"
 
-    def __init__(self, spec: MLPSpec, sigma: float = 1.0, reference: Tensor | None = None,
+    def __init__(self, spec: NetSpec, sigma: float = 1.0, reference: Tensor | None = None,
                  last_layer: str = "euclidean"):
         super().__init__(spec, sigma, reference, last_layer)
         self.manifold = self.product
@@ -380,7 +430,7 @@ class GeometricChart(_CanonicalChart):
 CHARTS = {"euclidean": EuclideanChart, "normalized": NormalizedChart, "geometric": GeometricChart}
 
 
-def make_chart(kind: str, spec: MLPSpec, **kwargs) -> Chart:
+def make_chart(kind: str, spec: NetSpec, **kwargs) -> Chart:
     """``"euclidean"``, ``"normalized"`` or ``"geometric"`` by name (keyword arguments go to the class)."""
     if kind not in CHARTS:
         raise ValueError(f"make_chart: kind must be one of {tuple(CHARTS)}; got {kind!r}")
@@ -388,8 +438,7 @@ def make_chart(kind: str, spec: MLPSpec, **kwargs) -> Chart:
 
 
 def chart_from_config(cfg: dict) -> Chart:
-    """Rebuild a chart from :meth:`Chart.config`."""
-    cfg = dict(cfg)
+    """Rebuild a chart from :meth:`Chart.config` (an MLP's or a CNN's, :func:`split_spec_config`)."""
+    spec, cfg = split_spec_config(cfg)
     kind = cfg.pop("kind")
-    spec = MLPSpec(tuple(cfg.pop("widths")), cfg.pop("activation"))
     return make_chart(kind, spec, **cfg)

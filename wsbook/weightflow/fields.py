@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from wsbook.flows.models import TimeMLP, time_features
 from wsbook.graphs import WeightSpaceField
 from wsbook.nets import MLPSpec
+from wsbook.weightflow.charts import spec_config, split_spec_config
 
 #: Width of the fields' time embedding: ``t`` itself and ``TIME_FEATURES - 1`` sinusoids of it
 #: (:func:`wsbook.flows.time_features`).
@@ -83,9 +84,9 @@ class WeightField(nn.Module):
     anchored: bool = False
 
     def config(self) -> dict:
-        """Everything :func:`field_from_config` needs to rebuild the untrained field."""
-        return {"kind": self.kind, "widths": list(self.spec.widths), "activation": self.spec.activation,
-                **self.kwargs}
+        """Everything :func:`field_from_config` needs to rebuild the untrained field (the architecture as
+        :func:`~wsbook.weightflow.charts.spec_config` writes it: an MLP's or a CNN's)."""
+        return {"kind": self.kind, **spec_config(self.spec), **self.kwargs}
 
     def with_spec(self, spec: MLPSpec) -> "WeightField":
         """The same trained field on networks of ``spec`` (itself when ``spec`` is its own)."""
@@ -189,7 +190,8 @@ class GNNField(WeightField):
 
 class FlatField(TimeMLP, WeightField):
     """The plain baseline ``field(t, x)``: an MLP on ``[x, time features]`` (:class:`wsbook.flows.TimeMLP`).
-    It ignores the symmetries and exists for one width only.
+    It ignores the symmetries and exists for one width only. ``spec`` is an MLP's or a CNN's: the field
+    reads the flat (aligned) weight vector either way.
 
     With ``diagonal=True`` the field adds a per-weight linear term ``(a + b t) * x`` (``a``, ``b`` learned,
     zero at the start). An MLP narrower than the weight vector (``hidden < D``) cannot represent a
@@ -524,5 +526,5 @@ def field_from_config(cfg: dict) -> WeightField:
     kind = cfg.pop("kind")
     if kind not in FIELDS:
         raise ValueError(f"field_from_config: unknown field kind {kind!r}; expected one of {tuple(FIELDS)}")
-    spec = MLPSpec(tuple(cfg.pop("widths")), cfg.pop("activation"))
+    spec, cfg = split_spec_config(cfg)
     return FIELDS[kind](spec, **cfg)

@@ -34,7 +34,7 @@ from wsbook.flows import (GeodesicPath, LinearPath, LikelihoodResult, ODEResult,
                           solve_ode)
 from wsbook.loop import EMA, Minibatches, descend, make_optimizer, to_device
 from wsbook.manifolds import Euclidean
-from wsbook.nets import MLPSpec
+from wsbook.nets import NetSpec
 from wsbook.weightflow.charts import Chart, _align, chart_from_config
 from wsbook.weightflow.fields import WeightField, field_from_config
 from wsbook.weightflow.guidance import Guidance
@@ -77,13 +77,16 @@ class FitResult:
 
 
 class WeightFlow:
-    """A flow over the networks of ``chart.spec``.
+    """A flow over the networks of ``chart.spec`` (an :class:`~wsbook.nets.MLPSpec` or a
+    :class:`~wsbook.nets.CNNSpec`: everything below reads the architecture through the chart, the field and
+    the spec's per-layer slices, so MLPs and CNNs share this one flow).
 
     Args:
         chart: where the flow runs (:class:`EuclideanChart`, :class:`NormalizedChart`, :class:`GeometricChart`).
         field: a :class:`~wsbook.weightflow.fields.WeightField` ``field(t, x) -> [B, D]`` over the flat weight
-            layout (:func:`gnn_field`, :class:`FlatField`, :class:`NeuronField`, :class:`NeuronGraphField`),
-            built for the chart's spec: two architectures with the same number of parameters read each
+            layout (:func:`gnn_field`, :class:`FlatField`, :class:`NeuronField`, :class:`NeuronGraphField`;
+            for CNNs :class:`~wsbook.weightflow.cnn_fields.ChannelField` or :class:`FlatField`), built for the
+            chart's spec: two architectures with the same number of parameters read each
             other's weights as garbage, so another spec raises ``ValueError``. Any other module
             ``field(t, x)`` (an analytic field, say) samples and scores too, but cannot be saved
             (:meth:`state_dict`), anchored or moved to another width.
@@ -153,7 +156,7 @@ class WeightFlow:
                 f"{self.coupling_name} coupling, t ~ {self.time_distribution})")
 
     @property
-    def spec(self) -> MLPSpec:
+    def spec(self) -> NetSpec:
         return self.chart.spec
 
     def _scale(self, like: Tensor) -> Tensor:
@@ -459,7 +462,7 @@ class WeightFlow:
                 "time_distribution": self.time_distribution, "path_sigma": self.path_sigma, "t_eps": self.t_eps,
                 "loss_weighting": self.loss_weighting}
 
-    def with_spec(self, spec: MLPSpec) -> "WeightFlow":
+    def with_spec(self, spec: NetSpec) -> "WeightFlow":
         """This trained flow on networks of another hidden width (same depth, inputs and outputs): the chart
         for ``spec`` and the same field weights on the new neural graph."""
         self._check_protocol("with_spec")
@@ -479,8 +482,8 @@ class WeightFlow:
     def _check_protocol(self, where: str) -> None:
         if not isinstance(self.field, WeightField):
             raise TypeError(f"{where}: the field {type(self.field).__name__} is not a WeightField (spec, config, "
-                            "with_spec); use gnn_field, FlatField, NeuronField or NeuronGraphField, or subclass "
-                            "wsbook.weightflow.WeightField")
+                            "with_spec); use gnn_field, FlatField, NeuronField, NeuronGraphField or ChannelField, "
+                            "or subclass wsbook.weightflow.WeightField")
 
     def state_dict(self) -> dict:
         """Everything needed to rebuild the flow, as tensors, numbers, strings and dicts (cacheable with

@@ -1,0 +1,319 @@
+"""Flows over convolutional networks: the charts, the channel field and WeightFlow on a CNNSpec.
+
+Small CNNs (one or two convolutions of a few channels, 1x1 to 5x5 kernels, on 8x8 and 12x12 images) so that
+every test runs in well under a second or two on one core.
+"""
+import itertools
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from wsbook.nets import CNNSpec, MLPSpec
+from wsbook.symmetry import permute, random_permutation
+from wsbook.weightflow import (FIELDS, ChannelField, EuclideanChart, FlatField, GeometricChart, Guidance, NeuronField,
+                               NormalizedChart, WeightField, WeightFlow, chart_from_config, field_from_config)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SPECS = [CNNSpec(1, (4,), 3, 3), CNNSpec(1, (4, 6), 3, 3), CNNSpec(2, (3, 5), 5, 2), CNNSpec(3, (4, 2, 3), 1, 4)]
+IMAGE = {1: 8, 3: 12, 5: 12}          # image side per kernel size
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def zoo(spec: CNNSpec, n: int, seed: int = 0) -> torch.Tensor:
+    """``n`` random networks with a spread of channel scales (so that canonicalisation has work to do)."""
+    theta = spec.init(n, generator=gen(seed))
+    ws, bs = spec.weights(theta), spec.biases(theta)
+    g = gen(seed + 100)
+    ws = [w * torch.exp(torch.randn(n, w.shape[1], *([1] * (w.dim() - 2)), generator=g)) for w in ws]
+    return spec.pack(ws, bs)
+
+
+def images(spec: CNNSpec, n: int = 6, seed: int = 1) -> torch.Tensor:
+    side = IMAGE[spec.kernel_size]
+    return torch.randn(n, spec.in_channels, side, side, generator=gen(seed))
+
+
+def outputs(spec: CNNSpec, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return spec.forward(theta, x)
+
+
+# ----------------------------------------------------------------------------------------------- charts
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+def test_charts_on_cnns_round_trip_and_keep_the_function(spec):
+    theta, x = zoo(spec, 5), images(spec)
+    euclid = EuclideanChart(spec)
+    points = euclid.to_points(theta)
+    assert torch.equal(euclid.to_weights(points), theta)
+    for chart in (GeometricChart(spec), GeometricChart(spec, reference=theta[0]), NormalizedChart(spec)):
+        points = chart.to_points(theta)
+        assert points.shape == theta.shape and chart.dim == spec.n_params
+        assert torch.equal(chart.unlayout(chart.layout(points)), points)        # the linear re-indexing
+        chart.check_points(points)                                             # on the unit spheres
+        back = chart.to_weights(points)
+        # the network a point is computes the function of the network it came from
+        torch.testing.assert_close(outputs(spec, back, x), outputs(spec, theta, x), atol=2e-5, rtol=1e-4)
+        module = spec.to_module(back[1])
+        torch.testing.assert_close(module(x), outputs(spec, theta, x)[1], atol=2e-5, rtol=1e-4)
+        # and maps back to the same point (canonical networks are fixed points)
+        torch.testing.assert_close(chart.to_points(back), points, atol=1e-5, rtol=0)
+        again = chart_from_config(chart.config())
+        assert again.config().keys() == chart.config().keys() and again.spec == spec
+        torch.testing.assert_close(again.to_points(theta), points)
+
+
+def test_geometric_cnn_chart_scales_channels_and_next_layer_absorbs_the_norm():
+    """By hand for 1 -> 4 -> 6 channels: each channel's [kernel, bias] divided by its norm, the next convolution's
+    kernels reading that channel (then the head's columns) multiplied by it, the head itself unchanged."""
+    spec = CNNSpec(1, (4, 6), 3, 3)
+    theta = zoo(spec, 3)
+    (w1, w2, w3), (b1, b2, b3) = spec.weights(theta), spec.biases(theta)
+    n1 = torch.cat([w1.flatten(2), b1[..., None]], -1).norm(dim=-1)                 # [B, 4]
+    w2 = w2 * n1[:, None, :, None, None]
+    n2 = torch.cat([w2.flatten(2), b2[..., None]], -1).norm(dim=-1)                 # [B, 6]
+    expected = spec.pack([w1 / n1[..., None, None, None], w2 / n2[..., None, None, None], w3 * n2[:, None]],
+                         [b1 / n1, b2 / n2, b3])
+    chart = GeometricChart(spec)
+    torch.testing.assert_close(chart.to_weights(chart.to_points(theta)), expected)
+    assert [(b.kind, b.n_factors, b.factor_dim) for b in chart.manifold.blocks] == \
+        [("sphere", 4, 1 * 9 + 1), ("sphere", 6, 4 * 9 + 1), ("euclidean", 1, 3 * 6 + 3)]
+
+
+@pytest.mark.parametrize("kind", ["euclidean", "geometric"])
+def test_charts_align_channels_to_their_reference(kind):
+    """Channel-permuted copies of the reference map to the reference's own point (weight matching through the
+    symmetry module's CNN path); several references: each network to the one it lands nearest."""
+    spec = CNNSpec(1, (4, 6), 3, 3)
+    theta = zoo(spec, 4, seed=3)
+    ref = theta[:1]
+    copies = permute(spec, ref.expand(5, -1), random_permutation(spec, 5, generator=gen(4)))
+    assert not torch.allclose(copies, ref.expand_as(copies))
+    chart = (EuclideanChart(spec, reference=ref) if kind == "euclidean" else GeometricChart(spec, reference=ref))
+    points = chart.to_points(copies)
+    torch.testing.assert_close(points, chart.to_points(ref).expand_as(points), atol=1e-5, rtol=0)
+    if kind == "euclidean":
+        both = EuclideanChart(spec, reference=theta[:2])
+        other = permute(spec, theta[1:2].expand(3, -1), random_permutation(spec, 3, generator=gen(5)))
+        torch.testing.assert_close(both.to_points(other), theta[1:2].expand(3, -1))
+
+
+def test_source_densities_on_cnn_charts():
+    spec = CNNSpec(1, (4, 6), 3, 3)
+    euclid = EuclideanChart(spec, sigma=0.3)
+    z = euclid.sample_source(7, gen(0))
+    assert z.shape == (7, spec.n_params)
+    torch.testing.assert_close(euclid.source_log_prob(z), torch.distributions.Normal(0.0, 0.3).log_prob(z).sum(1))
+    geo = GeometricChart(spec, sigma=0.5)
+    p = geo.sample_source(7, gen(1))
+    geo.check_points(p)                                                # every channel on its unit sphere
+    log_area = lambda n: math.log(2) + 0.5 * n * math.log(math.pi) - math.lgamma(0.5 * n)   # area of S^{n-1}
+    head = p[:, geo.last]
+    expected = -4 * log_area(10) - 6 * log_area(37) + torch.distributions.Normal(0.0, 0.5).log_prob(head).sum(1)
+    torch.testing.assert_close(geo.source_log_prob(p), expected)
+
+
+def test_ot_coupling_uses_the_geodesic_metric_of_the_cnn_chart():
+    spec = CNNSpec(1, (4,), 3, 3)
+    chart = GeometricChart(spec)
+    flow = WeightFlow(chart, ChannelField(spec, hidden=8), coupling="ot")
+    x0, x1 = chart.sample_source(5, gen(0)), chart.to_points(zoo(spec, 5, seed=1))
+    p0, p1 = flow.pair(x0, x1)
+    cost = lambda a, b: chart.manifold.dist(a, b).pow(2).sum()
+    best = min(float(cost(x0, x1[list(perm)])) for perm in itertools.permutations(range(5)))
+    assert torch.equal(p0, x0) and sorted(map(tuple, p1.tolist())) == sorted(map(tuple, x1.tolist()))
+    assert float(cost(p0, p1)) == pytest.approx(best, rel=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------- fields
+@pytest.mark.parametrize("spec,attention", [(SPECS[0], 0), (SPECS[1], 1), (SPECS[3], 0)], ids=str)
+def test_channel_field_is_equivariant_to_channel_permutations(spec, attention):
+    torch.manual_seed(0)
+    field = ChannelField(spec, hidden=16, edge_dim=8, rounds=2, attention_layers=attention)
+    for p in field.parameters():                  # the linear terms start at zero: give them values too
+        if p.dim() == 2 and p.shape[0] == 2:
+            nn.init.normal_(p)
+    theta, t = zoo(spec, 4), torch.rand(4, generator=gen(2))
+    perms = random_permutation(spec, 4, generator=gen(3))
+    out = field(t, theta)
+    assert out.shape == theta.shape and torch.isfinite(out).all()
+    torch.testing.assert_close(field(t, permute(spec, theta, perms)), permute(spec, out, perms), atol=1e-5, rtol=1e-4)
+
+
+def test_channel_field_follows_the_weight_field_protocol():
+    spec = SPECS[1]
+    torch.manual_seed(0)
+    field = ChannelField(spec, hidden=8, edge_dim=4, attention_layers=1)
+    assert isinstance(field, WeightField) and FIELDS["channel"] is ChannelField
+    cfg = field.config()
+    assert cfg["architecture"] == "cnn" and cfg["kernel_size"] == 3 and cfg["widths"] == [1, 4, 6, 3]
+    again = field_from_config(cfg)
+    again.load_state_dict(field.state_dict())
+    x, t = zoo(spec, 3), torch.rand(3)
+    assert torch.equal(again(t, x), field(t, x))
+    assert field.with_spec(spec) is field
+    with pytest.raises(ValueError, match="anchored=False"):
+        field.set_anchor(x[0])
+    wider = field.with_spec(CNNSpec(1, (7, 2), 3, 3))          # no parameter depends on a hidden width
+    assert wider(0.5, zoo(wider.spec, 2)).shape == (2, wider.spec.n_params)
+    assert field.zero_() is field and torch.equal(field(t, x), torch.zeros_like(x))
+
+
+def test_flat_field_reads_a_cnn():
+    spec = SPECS[1]
+    field = FlatField(spec, hidden=16, depth=2)
+    x = zoo(spec, 3)
+    assert field(torch.rand(3), x).shape == x.shape
+    again = field_from_config(field.config())
+    assert again.spec == spec and isinstance(again, FlatField)
+
+
+def test_mlp_configs_keep_their_keys():
+    mlp = MLPSpec((4, 5, 2))
+    assert list(GeometricChart(mlp).config()) == ["kind", "widths", "activation", "sigma", "reference", "last_layer"]
+    assert list(NeuronField(mlp, hidden=8).config()) == ["kind", "widths", "activation", "hidden", "depth",
+                                                         "attention_layers", "heads"]
+    assert chart_from_config(EuclideanChart(mlp).config()).spec == mlp
+
+
+# ------------------------------------------------------------------------------------------- likelihood
+class _Diagonal(nn.Module):
+    """``v(t, x) = a * x`` per coordinate (weight layout)."""
+
+    def __init__(self, a: torch.Tensor):
+        super().__init__()
+        self.a = nn.Parameter(a)
+
+    def forward(self, t, x):
+        return self.a * x
+
+
+class _RotateAndScale(nn.Module):
+    """On the Geometric chart: every channel's sphere rotated by a skew matrix ``A`` (one per block of equal
+    spheres; a Killing field, divergence zero), the Euclidean head scaled by ``a`` per coordinate."""
+
+    def __init__(self, chart: GeometricChart, seed: int = 0):
+        super().__init__()
+        self.chart, g = chart, gen(seed)
+        self.skews = []
+        for b in chart.manifold.blocks:
+            if b.kind == "sphere":
+                m = torch.randn(b.factor_dim, b.factor_dim, generator=g) * 0.1
+                self.skews.append(m - m.T)
+        self.a = torch.rand(chart.last.stop - chart.last.start, generator=g) - 0.5
+        self.p = nn.Parameter(torch.zeros(1))            # a device for WeightFlow.sample
+
+    def forward(self, t, x):
+        p = self.chart.unlayout(x)
+        out, k = torch.zeros_like(p), 0
+        for b in self.chart.manifold.blocks:
+            xs = p[:, b.slice]
+            if b.kind == "sphere":
+                rows = xs.reshape(-1, b.n_factors, b.factor_dim)
+                out[:, b.slice] = (rows @ self.skews[k].T).reshape(xs.shape)
+                k += 1
+            else:
+                out[:, b.slice] = self.a * xs
+        return self.chart.layout(out)
+
+    def inverse(self, points):
+        """Where the flow from t = 0 to 1 started, for points at t = 1."""
+        out, k = points.clone(), 0
+        for b in self.chart.manifold.blocks:
+            if b.kind == "sphere":
+                rows = points[:, b.slice].reshape(-1, b.n_factors, b.factor_dim)
+                out[:, b.slice] = (rows @ torch.linalg.matrix_exp(-self.skews[k]).T).reshape(-1, b.stop - b.start)
+                k += 1
+            else:
+                out[:, b.slice] = points[:, b.slice] * torch.exp(-self.a)
+        return out
+
+
+def test_log_prob_of_an_analytic_field_is_the_change_of_variables():
+    # Euclidean: x1 = exp(a) x0 coordinate-wise, log p1(x1) = log p0(exp(-a) x1) - sum(a)
+    spec = CNNSpec(1, (2,), 3, 2)                        # 26 parameters: the exact divergence
+    chart = EuclideanChart(spec, sigma=0.5)
+    a = torch.rand(spec.n_params, generator=gen(0)) - 0.5
+    flow = WeightFlow(chart, _Diagonal(a))
+    theta = zoo(spec, 3)
+    logp = flow.log_prob(theta, steps=10, estimator="exact")
+    torch.testing.assert_close(logp, chart.source_log_prob(theta * torch.exp(-a)) - a.sum(), atol=1e-3, rtol=1e-5)
+    # Geometric: rotations of every channel's sphere keep the uniform density; the head is scaled
+    spec = CNNSpec(1, (2,), 3, 2)                        # two S^9 and a Euclidean head of 6: 26 coordinates
+    chart = GeometricChart(spec, sigma=0.7)
+    field = _RotateAndScale(chart)
+    flow = WeightFlow(chart, field)
+    points = chart.to_points(zoo(spec, 3, seed=2))
+    res = flow.likelihood(points, steps=8, estimator="exact")
+    torch.testing.assert_close(res.x0, field.inverse(points), atol=1e-4, rtol=1e-4)
+    expected = chart.source_log_prob(field.inverse(points)) - field.a.sum()
+    torch.testing.assert_close(res.logp, expected, atol=2e-3, rtol=1e-5)
+    # sampling runs the same field forward: the inverse maps samples back to their source points
+    x0 = chart.sample_source(4, gen(3))
+    x1 = flow.integrate(x0, steps=8, method="rk4").x
+    torch.testing.assert_close(field.inverse(x1), x0, atol=1e-4, rtol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------- end to end
+@pytest.mark.parametrize("kind", ["geometric", "euclidean"])
+def test_fit_then_sample_gives_cnns_that_load_into_torch(kind):
+    spec = CNNSpec(1, (4, 6), 3, 3)
+    theta = zoo(spec, 12)
+    torch.manual_seed(0)
+    if kind == "geometric":
+        chart, field = GeometricChart(spec, reference=theta[0]), ChannelField(spec, hidden=16, edge_dim=8)
+        flow = WeightFlow(chart, field, coupling="ot", align_pairs=True)
+    else:
+        chart, field = EuclideanChart(spec, reference=theta[0]), FlatField(spec, hidden=32, depth=2)
+        flow = WeightFlow(chart, field, coupling="ot", time_distribution="beta(1,2)")
+    result = flow.fit(theta, steps=8, batch_size=6, generator=gen(1))
+    assert result.losses.shape == (8,) and torch.isfinite(result.losses).all()
+    samples = flow.sample(3, steps=4, generator=gen(2))
+    assert samples.shape == (3, spec.n_params) and torch.isfinite(samples).all()
+    x = images(spec, 2)
+    logits = spec.to_module(samples[0])(x)
+    assert logits.shape == (2, 3) and torch.allclose(logits, spec.forward(samples[:1], x)[0], atol=1e-5)
+    logp = flow.log_prob(samples, steps=3, generator=gen(3))
+    assert logp.shape == (3,) and torch.isfinite(logp).all()
+    y = torch.randint(0, 3, (2,), generator=gen(5))
+    guided = flow.sample(2, steps=3, generator=gen(6), guidance=Guidance(x, y, weight=0.1, batch_size=None))
+    assert guided.shape == (2, spec.n_params) and torch.isfinite(guided).all()
+    again = WeightFlow.from_state(flow.state_dict())
+    assert again.chart.spec == spec and type(again.field) is type(field)
+    assert torch.equal(again.sample(2, steps=3, generator=gen(4)), flow.sample(2, steps=3, generator=gen(4)))
+
+
+def test_channel_flow_transfers_to_other_channel_counts():
+    spec = CNNSpec(1, (4, 6), 3, 3)
+    flow = WeightFlow(GeometricChart(spec), ChannelField(spec, hidden=8, edge_dim=4))
+    flow.fit(zoo(spec, 6), steps=2, batch_size=6, generator=gen(0))
+    other = flow.with_spec(CNNSpec(1, (5, 3), 3, 3))
+    samples = other.sample(2, steps=2, generator=gen(1))
+    assert samples.shape == (2, other.spec.n_params) and torch.isfinite(samples).all()
+
+
+# ----------------------------------------------------------------------------------------------- errors
+def test_clear_errors_on_bad_cnn_input():
+    spec = CNNSpec(1, (4, 6), 3, 3)
+    with pytest.raises(ValueError, match="another architecture"):
+        WeightFlow(GeometricChart(spec), ChannelField(CNNSpec(1, (4, 5), 3, 3), hidden=8))
+    with pytest.raises(ValueError, match="another architecture"):
+        WeightFlow(EuclideanChart(spec), FlatField(MLPSpec((4, 5, 2)), hidden=8))
+    for chart in (GeometricChart, NormalizedChart):
+        with pytest.raises(ValueError, match="ReLU.*positively homogeneous"):
+            chart(CNNSpec(1, (4,), 3, 3, activation="tanh"))
+    EuclideanChart(CNNSpec(1, (4,), 3, 3, activation="tanh"))          # the Euclidean chart needs no ReLU
+    with pytest.raises(TypeError, match="MLPSpec or a CNNSpec"):
+        EuclideanChart("a spec")
+    with pytest.raises(TypeError, match="needs a CNNSpec"):
+        ChannelField(MLPSpec((4, 5, 2)))
+    with pytest.raises(ValueError, match="kind of network"):
+        GeometricChart(spec).with_spec(MLPSpec((1, 4, 6, 3)))
+    with pytest.raises(ValueError, match="kernel size"):
+        ChannelField(spec, hidden=8).with_spec(CNNSpec(1, (4, 6), 5, 3))
+    with pytest.raises(ValueError, match="parameters per network"):
+        GeometricChart(spec).to_points(torch.zeros(2, spec.n_params + 1))

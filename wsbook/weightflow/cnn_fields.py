@@ -1,0 +1,197 @@
+"""A vector field over the weights of convolutional networks (:class:`~wsbook.nets.CNNSpec`), of the neuron-field
+family (:class:`~wsbook.weightflow.fields.NeuronField`, :class:`~wsbook.weightflow.fields.NeuronGraphField`):
+every hidden *channel* is one node that reads its fixed-order weights whole.
+
+A CNN ``in_channels -> c_1 -> ... -> c_L -> (global average pool) -> head`` has exchangeable hidden channels
+within each convolution and fixed input channels and classes. Hence, for channel ``j`` of hidden layer ``h``:
+
+* its fixed-order vector holds its bias, and, in the first hidden layer, its kernel over the input channels
+  ``W_1[j]`` (``in_channels * k * k`` numbers), and, in the last hidden layer, the head's column reading its
+  pooled feature ``W_head[:, j]`` (``n_classes`` numbers). With one convolution a channel is thus
+  ``[W_1[j], b_1[j], W_head[:, j]]``, its incoming kernel, bias and outgoing weights in one vector, as a hidden
+  neuron is for :class:`~wsbook.weightflow.fields.NeuronField`;
+* the kernels between two hidden convolutions, ``W_{h+1}[i, j]`` (``k * k`` numbers), are indexed by
+  exchangeable channels on both sides, so no node may read them in a fixed order: each is an *edge* with a
+  feature of its own, and a channel reads its incoming and outgoing kernels as a set (the mean of their
+  messages).
+
+The field is equivariant to permutations of every hidden convolution's channels (test: permuting the channels
+of the input network permutes the output velocity the same way), and no parameter depends on a hidden
+width, so :meth:`ChannelField.with_spec` evaluates the same trained module on CNNs with other channel counts
+(same depth, input channels, kernel size and classes).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from wsbook.flows.models import time_features
+from wsbook.nets import CNNSpec
+from wsbook.weightflow.fields import FIELDS, TIME_FEATURES, WeightField, _times
+
+
+def _mlp(n_in: int, hidden: int, n_out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(n_in, hidden), nn.SiLU(), nn.Linear(hidden, n_out))
+
+
+class ChannelField(WeightField):
+    """``field(t, x)`` for CNNs: a DeepSets / attention field over the hidden channels (see the module docstring).
+
+    With ``s_h`` the size of hidden layer ``h``'s fixed-order channel vectors ``u`` (``[B, c_h, s_h]``) and
+    ``e`` the kernels between hidden layers (``[B, c_{h+1}, c_h, k * k]``):
+
+    * encode: ``n_j = enc_h(u_j) + time(t)``; every edge ``e_ij = edge_enc(kernel_ij)``;
+    * ``rounds`` times: every edge from its two end channels, ``e += msg(e + P n_dst + Q n_src)``; every channel
+      from the mean message of its incoming and outgoing edges; then every channel from a context of the
+      mean channel of every hidden layer, the head's bias and the time (``n += node(norm(n + ctx))``);
+    * ``attention_layers`` self-attention layers among the channels of each hidden layer (no positions:
+      equivariant; a Set Transformer-style encoder, so that the channels can divide the work);
+    * decode: each channel's vector ``dec_h(n_j)``, each kernel ``edge_dec(e_ij + P' n_i + Q' n_j)``, the
+      head's bias from the context; plus a per-coordinate linear term ``(a + b t) x`` (shared by the channels
+      of a layer and by the kernels between two layers), zero at the start.
+
+    Args:
+        spec: the CNN architecture (any activation: the permutation symmetry does not depend on it).
+        hidden: width of the channel features, encoders, decoders and context.
+        edge_dim: width of the kernel (edge) features; unused with one convolution.
+        rounds: rounds of message passing and context updates.
+        attention_layers: self-attention layers among each hidden layer's channels (0: DeepSets only).
+        heads: attention heads (must divide ``hidden``).
+
+    Shapes: ``x`` is ``[B, D]`` in the spec's flat layout, ``t`` a number or ``[B]``; the output is ``[B, D]``.
+    """
+
+    kind = "channel"
+
+    def __init__(self, spec: CNNSpec, hidden: int = 64, edge_dim: int = 16, rounds: int = 1,
+                 attention_layers: int = 0, heads: int = 4):
+        super().__init__()
+        if not isinstance(spec, CNNSpec):
+            raise TypeError(f"ChannelField needs a CNNSpec; got {type(spec).__name__} (for MLPs use NeuronField "
+                            "or NeuronGraphField)")
+        if min(hidden, edge_dim, rounds) < 1 or attention_layers < 0:
+            raise ValueError(f"ChannelField: hidden, edge_dim and rounds must be positive and attention_layers "
+                             f"non-negative; got {hidden}, {edge_dim}, {rounds}, {attention_layers}")
+        if attention_layers and hidden % heads:
+            raise ValueError(f"ChannelField: heads ({heads}) must divide hidden ({hidden})")
+        self.spec = spec
+        self.kwargs = dict(hidden=hidden, edge_dim=edge_dim, rounds=rounds, attention_layers=attention_layers,
+                           heads=heads)
+        n_hidden, kk, n_out = len(spec.channels), spec.kernel_size ** 2, spec.n_classes
+        self.n_first = spec.in_channels * kk          # a first-layer channel's kernel over the input channels
+        sizes = [(self.n_first if h == 0 else 0) + 1 + (n_out if h == n_hidden - 1 else 0) for h in range(n_hidden)]
+        summary = n_hidden * hidden + n_out + TIME_FEATURES
+
+        def per_edge_set(make):
+            return nn.ModuleList(make() for _ in range(n_hidden - 1))
+
+        def per_round(make):
+            return nn.ModuleList(make() for _ in range(rounds))
+
+        self.enc = nn.ModuleList(_mlp(k, hidden, hidden) for k in sizes)
+        self.time = nn.Linear(TIME_FEATURES, hidden)
+        self.edge_enc = per_edge_set(lambda: _mlp(kk, edge_dim, edge_dim))
+        self.msg = per_round(lambda: per_edge_set(lambda: _mlp(edge_dim, edge_dim, edge_dim)))
+        self.dst = per_round(lambda: per_edge_set(lambda: nn.Linear(hidden, edge_dim)))
+        self.src = per_round(lambda: per_edge_set(lambda: nn.Linear(hidden, edge_dim)))
+        self.down = per_round(lambda: per_edge_set(lambda: nn.Linear(edge_dim, hidden)))
+        self.up = per_round(lambda: per_edge_set(lambda: nn.Linear(edge_dim, hidden)))
+        self.ctx = per_round(lambda: _mlp(summary, hidden, n_hidden * hidden))
+        self.norm = per_round(lambda: nn.ModuleList(nn.LayerNorm(hidden) for _ in range(n_hidden)))
+        self.node = per_round(lambda: nn.ModuleList(_mlp(hidden, hidden, hidden) for _ in range(n_hidden)))
+        self.mix = nn.ModuleList(
+            nn.ModuleList(nn.TransformerEncoderLayer(hidden, heads, 2 * hidden, dropout=0.0, activation="gelu",
+                                                     batch_first=True, norm_first=True)
+                          for _ in range(attention_layers))
+            for _ in range(n_hidden))
+        self.dec = nn.ModuleList(nn.Sequential(nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, k))
+                                 for k in sizes)
+        self.edge_dst = per_edge_set(lambda: nn.Linear(hidden, edge_dim))
+        self.edge_src = per_edge_set(lambda: nn.Linear(hidden, edge_dim))
+        self.edge_dec = per_edge_set(lambda: _mlp(edge_dim, edge_dim, kk))
+        self.head = _mlp(summary, hidden, n_out)
+        self.linear_nodes = nn.ParameterList(nn.Parameter(torch.zeros(2, k)) for k in sizes)
+        self.linear_edges = nn.ParameterList(nn.Parameter(torch.zeros(2, kk)) for _ in range(n_hidden - 1))
+
+    def channels(self, x: Tensor) -> tuple[list[Tensor], list[Tensor], Tensor]:
+        """The network's parts as the field reads them: per hidden layer ``h`` its channels' fixed-order
+        vectors ``[B, c_h, s_h]``, per pair of consecutive hidden layers the kernels between them
+        ``[B, c_{h+1}, c_h, k * k]``, and the head's bias ``[B, n_classes]``."""
+        ws, bs = self.spec.weights(x), self.spec.biases(x)
+        n_hidden = len(self.spec.channels)
+        nodes = []
+        for h in range(n_hidden):
+            parts = ([ws[0].flatten(2)] if h == 0 else []) + [bs[h][..., None]] + (
+                [ws[-1].transpose(1, 2)] if h == n_hidden - 1 else [])
+            nodes.append(torch.cat(parts, -1))
+        return nodes, [w.flatten(3) for w in ws[1:-1]], bs[-1]
+
+    def _summary(self, h: list[Tensor], b_out: Tensor, tf: Tensor) -> Tensor:
+        return torch.cat([hl.mean(1) for hl in h] + [b_out, tf], -1)
+
+    def forward(self, t: Tensor | float, x: Tensor) -> Tensor:
+        x = self.spec.check(x, "x")
+        t = _times(t, x)
+        tf = time_features(t, TIME_FEATURES - 1, x.shape[0]).to(x)
+        nodes, edges, b_out = self.channels(x)
+        h = [enc(u) + self.time(tf)[:, None] for enc, u in zip(self.enc, nodes)]
+        e = [enc(k) for enc, k in zip(self.edge_enc, edges)]             # [B, c_{h+1}, c_h, edge_dim]
+        for r in range(len(self.msg)):
+            for k in range(len(e)):                                       # kernels from layer k to layer k + 1
+                m = self.msg[r][k](e[k] + self.dst[r][k](h[k + 1])[:, :, None] + self.src[r][k](h[k])[:, None])
+                e[k] = e[k] + m
+                h[k + 1] = h[k + 1] + self.down[r][k](m.mean(2))
+                h[k] = h[k] + self.up[r][k](m.mean(1))
+            g = self.ctx[r](self._summary(h, b_out, tf)).chunk(len(h), -1)
+            h = [hl + node(norm(hl + gl[:, None])) for hl, gl, node, norm in zip(h, g, self.node[r], self.norm[r])]
+        h = [self._attend(hl, mix) for hl, mix in zip(h, self.mix)]
+        tt = t[:, None, None]
+        v_nodes = [dec(hl) + (lin[0] + tt * lin[1]) * u
+                   for dec, hl, lin, u in zip(self.dec, h, self.linear_nodes, nodes)]
+        v_edges = []
+        for k in range(len(e)):
+            read = self.edge_dec[k](e[k] + self.edge_dst[k](h[k + 1])[:, :, None] + self.edge_src[k](h[k])[:, None])
+            lin = self.linear_edges[k]
+            v_edges.append(read + (lin[0] + t[:, None, None, None] * lin[1]) * edges[k])
+        B, n_out, shapes = x.shape[0], self.spec.n_classes, self.spec.layer_shapes
+        weights = [v_nodes[0][..., :self.n_first].reshape(B, *shapes[0]),
+                   *(v.reshape(B, *s) for v, s in zip(v_edges, shapes[1:-1])),
+                   v_nodes[-1][..., -n_out:].transpose(1, 2)]
+        biases = [v[..., self.n_first if h_ == 0 else 0] for h_, v in enumerate(v_nodes)]
+        return self.spec.pack(weights, biases + [self.head(self._summary(h, b_out, tf))])
+
+    @staticmethod
+    def _attend(h: Tensor, layers: nn.ModuleList) -> Tensor:
+        for layer in layers:
+            h = layer(h)
+        return h
+
+    def zero_(self) -> "ChannelField":
+        """Zero every decoder's output layer and the linear terms, in place: the field is zero everywhere."""
+        for last in [*(d[-1] for d in self.dec), *(d[-1] for d in self.edge_dec), self.head[-1]]:
+            nn.init.zeros_(last.weight)
+            nn.init.zeros_(last.bias)
+        for p in [*self.linear_nodes, *self.linear_edges]:
+            nn.init.zeros_(p)
+        return self
+
+    def with_spec(self, spec: CNNSpec) -> "ChannelField":
+        """The same trained module on CNNs with other hidden channel counts (same depth, input channels,
+        kernel size and classes): no parameter depends on a hidden width."""
+        if not isinstance(spec, CNNSpec) or len(spec.channels) != len(self.spec.channels) \
+                or (spec.in_channels, spec.kernel_size, spec.n_classes) != \
+                (self.spec.in_channels, self.spec.kernel_size, self.spec.n_classes):
+            raise ValueError(f"ChannelField.with_spec: {spec} must keep the depth, input channels, kernel size and "
+                             f"classes of {self.spec}")
+        if spec == self.spec:
+            return self
+        new = ChannelField(spec, **self.kwargs).to(self.time.weight)
+        new.load_state_dict(self.state_dict())
+        return new
+
+
+# registration (the WeightField protocol: a field of its own adds itself to FIELDS), so that
+# field_from_config rebuilds a saved ChannelField
+FIELDS[ChannelField.kind] = ChannelField
+
+__all__ = ["ChannelField"]
