@@ -78,26 +78,102 @@ def test_vi_posterior_is_the_fit_behind_the_cached_vi_run():
     assert torch.equal(tasks.vi_posterior("breast_cancer").std, q.std)
 
 
-def test_elbos_of_the_flows_and_of_vi(monkeypatch):
-    """The flows' bounds are the mean log-weights of their importance samples (with their standard error);
+def _tiny_flow(seed: int = 0) -> WeightFlow:
+    """A flow on networks of 13 weights whose field (its sampling EMA) has random, far from zero weights."""
+    spec = MLPSpec((2, 3, 1))
+    flow = WeightFlow(EuclideanChart(spec, sigma=1.0), FlatField(spec, hidden=16, depth=2))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in flow.ema.parameters():
+            p.copy_(0.2 * torch.randn(p.shape, generator=g))
+    return flow
+
+
+def test_exact_divergence_is_the_trace_of_the_jacobian():
+    flow = _tiny_flow()
+    x = torch.randn(5, flow.chart.dim, generator=torch.Generator().manual_seed(1))
+    fn = lambda z: flow.velocity(0.3, z)
+    for chunk in (1, 4, 256):                          # batches of unit vectors that do and do not divide D
+        v, div = pf.exact_divergence(fn, x, chunk=chunk)
+        assert torch.allclose(v, fn(x).detach())
+        for i in range(x.shape[0]):
+            jac = torch.autograd.functional.jacobian(lambda z: fn(z[None])[0], x[i])
+            assert div[i].item() == pytest.approx(float(jac.trace()), rel=1e-4, abs=1e-4)
+
+
+def test_flow_with_log_q_is_the_change_of_variables_of_the_solver_map():
+    """The log-density carried along the path (exact trace) equals the source log-density minus the log
+    Jacobian determinant of the map from source to sample, computed by brute force through the same fine
+    solver; a coarse Euler path (the density flows' training solver) misses it."""
+    flow = _tiny_flow()
+    x0 = flow.chart.sample_source(2, torch.Generator().manual_seed(2))
+    x1, log_q = pf.flow_with_log_q(flow, x0, 32, "rk4")
+    assert torch.allclose(x1, flow.integrate(x0, steps=32, method="rk4").x, atol=1e-5)
+    for i in range(x0.shape[0]):
+        jac = torch.autograd.functional.jacobian(lambda z: _rk4_positions(flow, z, 32), x0[i])
+        brute = flow.chart.source_log_prob(x0[i:i + 1])[0] - torch.linalg.slogdet(jac.double())[1]
+        assert log_q[i].item() == pytest.approx(float(brute), abs=5e-3)       # float32 solves
+    # doubling the steps changes nothing any more; two Euler steps are off
+    log_q_fine = pf.flow_with_log_q(flow, x0, 64, "rk4")[1]
+    assert torch.allclose(log_q, log_q_fine, atol=5e-3)
+    log_q_euler = pf.flow_with_log_q(flow, x0, 2, "euler")[1]
+    assert (log_q_euler - log_q).abs().max() > 5e-2
+    with pytest.raises(ValueError, match="method"):
+        pf.flow_with_log_q(flow, x0, 4, "midpoint")
+    with pytest.raises(ValueError, match="steps"):
+        pf.flow_with_log_q(flow, x0, 0)
+
+
+def _rk4_positions(flow: WeightFlow, x: torch.Tensor, steps: int) -> torch.Tensor:
+    """One point ``x [D]`` carried to t = 1 by ``steps`` RK4 steps of the flow's field, differentiably."""
+    h, y = 1.0 / steps, x[None]
+    v = lambda t, z: flow.velocity(t, z)
+    for k in range(steps):
+        t = k * h
+        k1 = v(t, y)
+        k2 = v(t + h / 2, y + h / 2 * k1)
+        k3 = v(t + h / 2, y + h / 2 * k2)
+        k4 = v(t + h, y + h * k3)
+        y = y + h * (k1 + 2 * k2 + 2 * k3 + k4) / 6
+    return y[0]
+
+
+def test_elbos_average_over_seeds_and_compare_the_solvers(monkeypatch):
+    """Each flow's bound is the mean over seeds of its samples' mean log-weight at the finest RK4 steps, with
+    the standard error over seeds; the change on doubling and the Euler solver's excess are paired per seed.
     VI's is the bound of its fitted Gaussian, far above that of the prior it starts from."""
     from wsbook.bayes.vi import gaussian_entropy
     from wsbook.experiments import tasks
 
-    log_w = {"draws": torch.tensor([-30.0, -10.0, -20.0, -40.0]), "reverse kl": torch.tensor([-5.0, -7.0]),
-             "joint": torch.tensor([-6.0, -6.0])}
-    monkeypatch.setattr(pf, "importance_sampling", lambda task, n, seed, proposal: {"log_w": log_w[proposal]})
-    out = pf.elbos("breast_cancer", n=256)
-    assert out["flow (draws)"]["elbo"] == pytest.approx(-25.0)
-    assert out["flow (reverse KL)"]["se"] == pytest.approx(1.0)        # std sqrt(2) over sqrt(2 samples)
-    assert out["flow (draws + density)"] == {"elbo": -6.0, "se": 0.0}
+    es = pf.ELBOSettings(n=2, steps=(4, 8), euler_steps=8, vi_samples=256)
+    fine = {0: torch.tensor([-10.0, -12.0]), 1: torch.tensor([-14.0, -16.0])}         # seed means -11, -15
+
+    def fake(task, name, recipe, settings, seed):
+        f = fine[seed] + (0.0 if name == "euclidean flow" else 100.0)
+        return {"euler 8": {"log_w": f + 5.0, "seconds": 1.0}, "rk4 4": {"log_w": f - 1.0, "seconds": 1.0},
+                "rk4 8": {"log_w": f, "seconds": 2.0}}
+
+    monkeypatch.setattr(pf, "_elbo_samples", fake)
+    q0 = tasks.vi_posterior("breast_cancer")                   # one fit stands for every seed's
+    monkeypatch.setattr(tasks, "vi_posterior", lambda task, seed=0: q0)
+    out = pf.elbos("breast_cancer", seeds=(0, 1), settings=es)
+    draws = out.loc["flow (draws)"]
+    assert draws["elbo"] == pytest.approx(-13.0) and draws["se"] == pytest.approx(2.0)
+    assert draws["doubling"] == pytest.approx(1.0) and draws["doubling_se"] == pytest.approx(0.0)
+    assert draws["euler_gap"] == pytest.approx(5.0) and draws["euler"] == pytest.approx(-8.0)
+    assert draws["within_se"] == pytest.approx(1.0)                    # std sqrt(2) over sqrt(2 samples)
+    assert out.loc["flow (reverse KL)", "elbo"] == pytest.approx(87.0)
+    assert out.attrs["seconds"] == pytest.approx(3 * 2 * 4.0)
     t = tasks.get_task("breast_cancer")
     prior = float(t.prior_std) * torch.randn(256, t.spec.n_params, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         prior_elbo = float(t.log_posterior()(prior).mean()) + float(
             gaussian_entropy(torch.full((t.spec.n_params,), float(t.prior_std))))
-    vi = out["mean-field VI"]
-    assert vi["se"] > 0 and vi["elbo"] > prior_elbo + 10 * vi["se"], (vi, prior_elbo)
+    vi = out.loc["mean-field VI"]
+    assert vi["within_se"] > 0 and vi["elbo"] > prior_elbo + 10 * vi["within_se"], (vi, prior_elbo)
+    assert math.isnan(vi["euler_gap"])
+    with pytest.raises(ValueError, match="2 seeds"):
+        pf.elbos("breast_cancer", seeds=(0,), settings=es)
 
 
 def test_joint_flow_starts_at_a_vi_mixture_and_trains_on_draws_and_density(monkeypatch):

@@ -26,10 +26,14 @@ which only :func:`verdict_table` reads:
 * :func:`importance_sampling`: self-normalised importance weights ``p(theta | D) / q(theta)`` of the samples of
   a Euclidean flow (trained on draws, or further on the density; its exact log-density by the change of
   variables), their effective sample size and the reweighted predictive; :func:`elbos`, the flows' and
-  mean-field VI's evidence lower bounds (their reverse KLs to the posterior, up to one constant).
+  mean-field VI's evidence lower bounds (their reverse KLs to the posterior, up to one constant), over the
+  verdict's training seeds, the flows' log-densities from a converged RK4 solve with the exact trace
+  (:func:`flow_with_log_q`, :func:`exact_divergence`) beside those of the Euler steps they train with.
 * :func:`detection_sets`, :func:`detection_table`: the flow's log-likelihood of held-out posterior draws and
   of networks that are not from the posterior (another task, random initialisations, prior draws,
-  perturbed draws, optimiser checkpoints), with the AUROC of the log-likelihood as a detector.
+  perturbed draws, optimiser checkpoints), with the AUROC of the log-likelihood as a detector;
+  :func:`density_check`, whether a flow's scores of its training draws against held-out draws are
+  numerical error (rescored exactly, with twice the steps) or memorisation, before any AUROC is read.
 
 Everything expensive is cached with :mod:`wsbook.cache`; sizes come from :func:`wsbook.config.by_scale`.
 """
@@ -893,34 +897,182 @@ def importance_sampling(task: str = "breast_cancer", n: int | None = None, seed:
     return out
 
 
-def elbos(task: str = "breast_cancer", n: int | None = None, seed: int = 0) -> dict[str, dict[str, float]]:
-    """The evidence lower bound ``E_q[log p(theta, D) - log q(theta)] = log p(D) - KL(q || p)`` of the three
-    Euclidean flows and of mean-field VI (the table's fit, :func:`tasks.vi_posterior`), with its standard
-    error: ``{name: {"elbo", "se"}}``. All share the unknown ``log p(D)``, so a difference of ELBOs is a
-    difference of reverse KLs to the posterior, the objective that VI and the reverse-KL flow minimise.
-    The flows' ``log q`` is the change-of-variables estimate of :func:`importance_sampling` (unbiased in the
-    probes; its samples too), VI's entropy is exact.
 
-    Args:
-        task: the task of :func:`train_posterior_flow`.
-        n: samples per method (default as :func:`importance_sampling`).
-        seed: seeds the samples.
+
+
+# ------------------------------------------------------------------- exact log-densities, fine solvers
+def exact_divergence(fn, x: Tensor, chunk: int = 256) -> tuple[Tensor, Tensor]:
+    """``(fn(x) [B, D], div fn(x) [B])`` for a field ``fn`` applied row-wise: the trace of its Jacobian,
+    exactly, from the ``D`` vector-Jacobian products with the unit vectors (``chunk`` of them batched at a
+    time). No probe noise: the estimator a density must be checked with before its values are read."""
+    with torch.enable_grad():
+        x = x.detach().requires_grad_(True)
+        v = fn(x)
+        b, d = x.shape
+        div = x.new_zeros(b)
+        for start in range(0, d, chunk):
+            k = min(chunk, d - start)
+            idx = torch.arange(k, device=x.device)
+            unit = x.new_zeros(k, b, d)
+            unit[idx, :, start + idx] = 1.0
+            rows = torch.autograd.grad(v, x, unit, is_grads_batched=True, retain_graph=True)[0]
+            div = div + rows[idx, :, start + idx].sum(0)
+    return v.detach(), div.detach()
+
+
+LOG_Q_METHODS = ("euler", "rk4")
+
+
+def flow_with_log_q(flow: WeightFlow, x0: Tensor, steps: int, method: str = "rk4",
+                    chunk: int = 256) -> tuple[Tensor, Tensor]:
+    """Source points ``x0 [B, D]`` of a Euclidean flow carried to ``t = 1`` by ``steps`` fixed steps of
+    ``method`` (``"euler"``, the solver the density flows train with, or ``"rk4"``), with ``log q`` carried
+    along by the instantaneous change of variables, ``d log q / dt = -div v``, the divergence exact
+    (:func:`exact_divergence`). Returns ``(chart points [B, D], log q [B])``: a sample and its log-density
+    under the flow that this solver defines, from one solve (no second solve back to the source, whose
+    error would add to the first one's). Doubling ``steps`` until the values stop changing gives the
+    density of the flow's ODE itself."""
+    if not flow.euclidean:
+        raise ValueError("flow_with_log_q: Euclidean charts only (the density flows); use WeightFlow.log_prob "
+                         "with estimator='exact' on the spheres")
+    if method not in LOG_Q_METHODS:
+        raise ValueError(f"flow_with_log_q: method must be one of {LOG_Q_METHODS}; got {method!r}")
+    if isinstance(steps, bool) or int(steps) != steps or steps < 1:
+        raise ValueError(f"flow_with_log_q: steps must be a positive integer; got {steps!r}")
+    eps, h = min(flow.t_eps, 0.5 / steps), 1.0 / steps
+    x = flow.chart.check_points(x0, "x0")
+    log_q = flow.chart.source_log_prob(x).to(x.dtype)
+
+    def f(t: float, y: Tensor) -> tuple[Tensor, Tensor]:
+        return exact_divergence(lambda z: flow.velocity(t, z, None, eps), y, chunk)
+
+    for k in range(int(steps)):
+        t = k * h
+        v1, d1 = f(t, x)
+        if method == "euler":
+            x, log_q = x + h * v1, log_q - h * d1
+            continue
+        v2, d2 = f(t + h / 2, x + (h / 2) * v1)
+        v3, d3 = f(t + h / 2, x + (h / 2) * v2)
+        v4, d4 = f(t + h, x + h * v3)
+        x = x + h * (v1 + 2 * v2 + 2 * v3 + v4) / 6
+        log_q = log_q - h * (d1 + 2 * d2 + 2 * d3 + d4) / 6
+    return x, log_q
+
+
+#: the rows of :func:`elbos`: the three Euclidean flows by their :data:`FLOWS` name
+ELBO_FLOWS = {"flow (draws)": "euclidean flow", "flow (reverse KL)": DENSITY_FLOWS[1],
+              "flow (draws + density)": DENSITY_FLOWS[0]}
+ELBO_VI = "mean-field VI"
+
+
+@dataclass(frozen=True)
+class ELBOSettings:
+    """Sizes of :func:`elbos` (set per scale by :func:`elbo_settings`): ``n`` samples per training seed,
+    ``steps`` the RK4 step counts (the estimate at the last, each the double of the one before: the
+    change between the last two says whether the solver has converged), ``euler_steps`` the Euler steps
+    the density flows train with (the coarse solver shown beside), ``vi_samples`` samples of each VI fit
+    (its entropy is exact, its samples cheap), ``chunk`` unit vectors per batch of the exact trace."""
+
+    n: int
+    steps: tuple[int, ...]
+    euler_steps: int
+    vi_samples: int
+    chunk: int = 256
+
+
+def elbo_settings() -> ELBOSettings:
+    """:func:`elbos`' sizes at the current scale (the exact trace costs ``D`` = 802 vector-Jacobian products
+    per field evaluation; the step counts are where the bound stopped changing at `ci` and `default`)."""
+    s = config.by_scale
+    return ELBOSettings(n=s(8, 32, 128), steps=s((4, 8), (8, 16), (16, 32)),
+                        euler_steps=kl_settings().solver_steps, vi_samples=s(256, 512, 2048))
+
+
+@cached("flows/posterior_elbo", version=1)
+def _elbo_samples(task: str, name: str, recipe: tuple, es: ELBOSettings, seed: int) -> dict:
+    from wsbook.experiments.tasks import get_task
+
+    flow = train_posterior_flow(task, name, seed)[0]
+    x0 = flow.chart.sample_source(es.n, torch.Generator().manual_seed(9_000 + seed))
+    lp = get_task(task).log_posterior()
+    out = {}
+    for method, k in (("euler", es.euler_steps), *(("rk4", k) for k in es.steps)):
+        start = time.perf_counter()
+        points, log_q = flow_with_log_q(flow, x0, k, method, es.chunk)
+        with torch.no_grad():
+            log_w = lp(flow.chart.to_weights(points)).double() - log_q.double()
+        out[f"{method} {k}"] = {"log_w": log_w.cpu(), "seconds": time.perf_counter() - start}
+    return out
+
+
+def _recipe(name: str) -> tuple:
+    """The settings a posterior flow's training reads (the cache key of :func:`elbos`' entries)."""
+    if name == DENSITY_FLOWS[0]:
+        return (flow_settings(), joint_settings())
+    if name == DENSITY_FLOWS[1]:
+        return (flow_settings(), kl_settings())
+    return (flow_settings(),)
+
+
+def elbos(task: str = "breast_cancer", seeds: tuple[int, ...] = protocol.SEEDS,
+          settings: ELBOSettings | None = None):
+    """The evidence lower bound ``E_q[log p(theta, D) - log q(theta)] = log p(D) - KL(q || p)`` of the three
+    Euclidean flows (:data:`ELBO_FLOWS`) and of mean-field VI, each trained once per seed of ``seeds``: mean
+    and standard error over the seeds. All share the unknown ``log p(D)``, so a difference of bounds is a
+    difference of reverse KLs to the posterior, the objective that VI and the density flows minimise.
+
+    A flow's ``log q`` is that of its ODE: every sample is carried from the source by RK4 with its
+    log-density by the exact trace (:func:`flow_with_log_q`, no probe noise, no second solve back), at each
+    step count of ``settings.steps``; the bound at the last count is the estimate, and its change from the
+    count before (``doubling``, the same source points: a paired difference) shows whether the solver has
+    converged. Beside it the bound that the Euler steps the density flows train with report
+    (``euler``): a field trained through a few Euler steps can learn to exploit their error, and
+    ``euler - elbo`` is how much it would overstate the bound. VI's entropy is exact.
+
+    Returns a DataFrame indexed by method with columns ``elbo``, ``se`` (over seeds), ``doubling``,
+    ``doubling_se`` (the change of the bound when the RK4 steps were last doubled), ``euler``,
+    ``euler_se`` (the bound from the training solver), ``euler_gap``, ``euler_gap_se`` (training solver
+    minus fine, paired per seed), ``within_se`` (the mean over seeds of a seed's standard error over its
+    samples) and ``seeds``; NaN where a column does not apply (VI). ``attrs``: ``settings``, ``seconds``
+    (of the exact solves, all seeds).
     """
+    import pandas as pd
     from wsbook.bayes.vi import gaussian_entropy
     from wsbook.experiments.tasks import get_task, vi_posterior
 
-    out = {}
-    for name, proposal in (("flow (draws)", "draws"), ("flow (reverse KL)", "reverse kl"),
-                           ("flow (draws + density)", "joint")):
-        log_w = importance_sampling(task, n, seed, proposal)["log_w"]
-        out[name] = {"elbo": float(log_w.mean()), "se": float(log_w.std() / math.sqrt(log_w.numel()))}
-    q = vi_posterior(task, seed)
-    m = config.by_scale(64, 512, 2048) if n is None else int(n)
-    with torch.no_grad():
-        log_p = get_task(task).log_posterior()(q.sample(m, torch.Generator().manual_seed(3_000 + seed)).samples)
-    log_w = log_p.double() + float(gaussian_entropy(q.std[0]))
-    out["mean-field VI"] = {"elbo": float(log_w.mean()), "se": float(log_w.std() / math.sqrt(m))}
-    return out
+    es = elbo_settings() if settings is None else settings
+    if len(seeds) < 2 or len(es.steps) < 2:
+        raise ValueError(f"elbos: needs at least 2 seeds and 2 step counts; got {seeds}, {es.steps}")
+    fine, coarse, euler = f"rk4 {es.steps[-1]}", f"rk4 {es.steps[-2]}", f"euler {es.euler_steps}"
+    rows, seconds = {}, 0.0
+    for row, name in ELBO_FLOWS.items():
+        per_seed = [_elbo_samples(task, name, _recipe(name), es, s) for s in seeds]
+        seconds += sum(float(v["seconds"]) for out in per_seed for v in out.values())
+        w = {k: torch.stack([out[k]["log_w"] for out in per_seed]) for k in (fine, coarse, euler)}  # [seeds, n]
+        elbo, se = protocol.mean_se(w[fine].mean(1))
+        dbl, dbl_se = protocol.mean_se((w[fine] - w[coarse]).mean(1))
+        eu, eu_se = protocol.mean_se(w[euler].mean(1))
+        gap, gap_se = protocol.mean_se((w[euler] - w[fine]).mean(1))
+        within = float((w[fine].std(1) / math.sqrt(es.n)).mean())
+        rows[row] = {"elbo": elbo, "se": se, "doubling": dbl, "doubling_se": dbl_se, "euler": eu,
+                     "euler_se": eu_se, "euler_gap": gap, "euler_gap_se": gap_se, "within_se": within,
+                     "seeds": len(seeds)}
+    lp, per_seed = get_task(task).log_posterior(), []
+    for s in seeds:
+        q = vi_posterior(task, s)
+        with torch.no_grad():
+            theta = q.sample(es.vi_samples, torch.Generator().manual_seed(3_000 + s)).samples
+            per_seed.append(lp(theta).double() + float(gaussian_entropy(q.std[0])))
+    w_vi = torch.stack(per_seed)
+    elbo, se = protocol.mean_se(w_vi.mean(1))
+    nan = float("nan")
+    rows[ELBO_VI] = {"elbo": elbo, "se": se, "doubling": nan, "doubling_se": nan, "euler": nan, "euler_se": nan,
+                     "euler_gap": nan, "euler_gap_se": nan,
+                     "within_se": float((w_vi.std(1) / math.sqrt(es.vi_samples)).mean()), "seeds": len(seeds)}
+    table = pd.DataFrame(rows).T
+    table.attrs.update(settings=es, seconds=seconds)
+    return table
 
 
 def reweighted(probs: Tensor, weights: Tensor, y: Tensor, task: str = "breast_cancer") -> dict:
@@ -1068,6 +1220,94 @@ def detection_table(task: str = "breast_cancer", charts: tuple[str, ...] = CHART
     return pd.DataFrame(cols)
 
 
+#: the two sets of :func:`detection_sets` that :func:`density_check` rescores
+CHECK_SETS = ("training draws (HMC run 0)", "held-out HMC draws")
+#: a density passes :func:`density_check`'s numerical test when its scores are within this many nats of
+#: the exact trace with twice the solver steps (median over the checked networks) ...
+DENSITY_TOLERANCE = 5.0
+#: ... and is read as a detector only while it does not tell its own training draws from held-out draws of
+#: the same posterior better than this AUROC (a density that does has learned the draws, not the posterior)
+MEMORISATION_AUROC = 0.9
+
+
+@cached("flows/density_check", version=1)
+def _exact_log_likelihoods(task: str, chart: str, settings: FlowSettings, sets: dict, steps: tuple,
+                           seed: int) -> dict:
+    flow = train_posterior_flow(task, f"{chart} flow")[0]
+    out = {}
+    for name, theta in sets.items():
+        start = time.perf_counter()
+        out[name] = {f"rk4 {k}": flow.log_prob(theta, steps=k, method="rk4", estimator="exact").cpu()
+                     for k in steps}
+        out[name]["seconds"] = time.perf_counter() - start
+    return out
+
+
+def check_size() -> int:
+    """Networks per set that :func:`density_check` rescores at the current scale."""
+    return config.by_scale(4, 12, 32)
+
+
+def density_check(task: str = "breast_cancer", charts: tuple[str, ...] = CHARTS,
+                  sets: dict[str, Tensor] | None = None, n: int | None = None, seed: int = 0):
+    """Is the flows' log-density of their training draws against held-out HMC draws (:func:`detection_table`)
+    a numerical artefact, a property of the chart, or memorisation? For each chart: ``n`` networks of each
+    of :data:`CHECK_SETS` (spread evenly over :func:`detection_sets`' rows) rescored with the exact trace
+    (no probe noise) at the detection table's RK4 steps and at twice as many, beside the table's own
+    Hutchinson scores of the same networks, and their median nearest-neighbour distance in the chart to the
+    training draws (a training draw's to the others). Returns a DataFrame indexed by ``(chart, set)``:
+
+    * ``hutchinson`` / ``exact`` / ``exact, 2x steps``: median log-density over the ``n`` networks;
+    * ``error``: median over the networks of ``|table's score - exact, 2x steps|`` (nats), the numerical
+      error of the table's scores, and ``steps error`` the part due to the steps alone (exact at the
+      table's steps against twice as many);
+    * ``nn distance``: median distance to the nearest training draw;
+    * ``AUROC train vs held-out`` (the chart's rows, from all networks of the two sets): how well the
+      table's log-density tells its training draws (high) from held-out draws;
+    * ``passes``: ``error`` below :data:`DENSITY_TOLERANCE` for both sets and the AUROC below
+      :data:`MEMORISATION_AUROC`; :func:`detection_table`'s AUROCs are read only for charts that pass.
+
+    ``attrs``: ``steps`` (the two RK4 step counts), ``n``, ``seconds`` (of the exact rescoring, per chart).
+    """
+    import pandas as pd
+
+    sets = detection_sets(task, seed=seed) if sets is None else sets
+    st = flow_settings()
+    n = check_size() if n is None else int(n)
+    steps = (st.lik_steps, 2 * st.lik_steps)
+    train = targets.hmc_reference(task, HMC_RUNS["training"]).theta
+    picks = {k: torch.linspace(0, len(sets[k]) - 1, min(n, len(sets[k]))).round().long() for k in CHECK_SETS}
+    chosen = {k: sets[k][picks[k]] for k in CHECK_SETS}
+    rows, seconds = {}, {}
+    for chart in charts:
+        coarse = _log_likelihoods(task, chart, st, sets, seed)
+        exact = _exact_log_likelihoods(task, chart, st, chosen, steps, seed)
+        seconds[chart] = sum(float(exact[k]["seconds"]) for k in CHECK_SETS)
+        flow = train_posterior_flow(task, f"{chart} flow")[0]
+        with torch.no_grad():
+            ref = flow.chart.to_points(train)
+        sep = auroc(coarse[CHECK_SETS[0]], coarse[CHECK_SETS[1]])
+        for k in CHECK_SETS:
+            table, lo, hi = coarse[k][picks[k]], exact[k][f"rk4 {steps[0]}"], exact[k][f"rk4 {steps[1]}"]
+            with torch.no_grad():
+                points = flow.chart.to_points(chosen[k])
+            d = torch.cdist(points.double(), ref.double())
+            d[d < 1e-9] = math.inf                    # a training draw is not its own neighbour
+            rows[(chart, k)] = {"hutchinson": float(table.median()), "exact": float(lo.median()),
+                                "exact, 2x steps": float(hi.median()),
+                                "error": float((table - hi).abs().median()),
+                                "steps error": float((lo - hi).abs().median()),
+                                "nn distance": float(d.min(1).values.median()),
+                                "AUROC train vs held-out": sep}
+        ok = all(rows[(chart, k)]["error"] < DENSITY_TOLERANCE for k in CHECK_SETS)
+        for k in CHECK_SETS:
+            rows[(chart, k)]["passes"] = bool(ok and sep < MEMORISATION_AUROC)
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    out.index = pd.MultiIndex.from_tuples(out.index, names=["chart", "set"])
+    out.attrs.update(steps=steps, n=n, seconds=seconds)
+    return out
+
+
 __all__ = ["CHARTS", "FlowSettings", "flow_settings", "KLSettings", "kl_settings", "posterior_field", "FLOWS",
            "train_posterior_flow", "JointSettings", "joint_settings", "sample_flow",
            "methods_table", "HMC_RUNS", "candidates", "validation_scores", "select_flow", "verdict_table",
@@ -1075,5 +1315,7 @@ __all__ = ["CHARTS", "FlowSettings", "flow_settings", "KLSettings", "kl_settings
            "guided", "posterior_terms", "memorisation", "RHAT_LIMIT", "RHAT_SHARE", "COST_GOAL",
            "COST_MORE", "MET_AT_MORE", "NoCost", "rhat_quantile", "cost_refusal", "cost_verdict", "amortised_cost", "cost",
            "cost_inputs", "cost_table", "task_cost", "importance_sampling", "PROPOSALS", "elbos",
+           "ELBO_FLOWS", "ELBO_VI", "ELBOSettings", "elbo_settings", "exact_divergence", "flow_with_log_q",
+           "CHECK_SETS", "DENSITY_TOLERANCE", "MEMORISATION_AUROC", "check_size", "density_check",
            "reweighted",
            "detection_sets", "detection_table", "auroc", "OWN_SAMPLES", "off_chart"]
