@@ -417,3 +417,25 @@ def test_a_method_has_one_colour_under_every_name():
     shared = {name: style.color(name) for name in rows if style.color(name) in {style.color(m) for m in methods}}
     assert not shared, f"rows in an inference method's colour: {shared}"
     assert style.color("adam") != style.color("normalized"), "Adam runs beside the normalized flow"
+
+
+def _lab(hex_color: str) -> tuple[float, float, float]:
+    """CIE L*a*b* (D65) of an sRGB ``#rrggbb`` colour."""
+    rgb = [int(hex_color[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+    xyz = [sum(w * c for w, c in zip(row, lin)) / n for row, n in zip(
+        ((0.4124, 0.3576, 0.1805), (0.2126, 0.7152, 0.0722), (0.0193, 0.1192, 0.9505)), (0.9505, 1.0, 1.089))]
+    f = [t ** (1 / 3) if t > 216 / 24389 else (24389 / 27 * t + 16) / 116 for t in xyz]
+    return 116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])
+
+
+def test_the_charts_colours_are_far_apart():
+    """The three charts' flows share figures (chapter 8's solver-steps curves, its distance bars): their
+    colours differ by more than 30 in CIE L*a*b* (a just-noticeable difference is about 2)."""
+    from itertools import combinations
+
+    from wsbook.figures import style
+
+    for a, b in combinations(("euclidean", "normalized", "geometric"), 2):
+        distance = sum((x - y) ** 2 for x, y in zip(_lab(style.color(a)), _lab(style.color(b)))) ** 0.5
+        assert distance > 30, (a, b, style.color(a), style.color(b), round(distance, 1))

@@ -27,10 +27,10 @@ METHOD_COLORS: dict[str, str] = {
     # inference methods
     "hmc": "#000000", "sgld": "#0072B2", "sghmc": "#56B4E9", "vi": "#D55E00", "laplace": "#E69F00",
     "ensemble": "#009E73", "map": "#999999", "sgd_trajectory": "#44AA99",
-    # networks trained by Adam beside a flow's (the palette colour that "adam" would hash to is "normalized"'s)
+    # networks trained by Adam, beside the flows in chapter 8 (a hashed colour had been a chart's)
     "adam": "#44AA99",
-    # flows over weights
-    "flow": "#CC79A7", "euclidean": "#882255", "normalized": "#AA4499", "geometric": "#CC79A7", "target": "#000000",
+    # flows over weights, one colour per chart, far apart (wine, indigo, rose: they share figures)
+    "flow": "#CC79A7", "euclidean": "#882255", "normalized": "#332288", "geometric": "#CC79A7", "target": "#000000",
     # alignment
     "naive": "#999999", "weight_matching": "#0072B2", "activation_matching": "#009E73", "sinkhorn": "#E69F00",
     "wm_sinkhorn": "#D55E00", "learned": "#CC79A7", "autoencoder": "#CC79A7",
@@ -72,8 +72,8 @@ def label(name: str) -> str:
 #: The posterior chapter's other rows (:mod:`wsbook.experiments.posterior_flows`), by the names they are
 #: shown under: the flows in their charts' colours, the rest each in a colour of its own that no method has.
 SERIES_COLORS: dict[str, str] = {
-    "euclidean flow": "#882255", "normalized flow": "#AA4499", "geometric flow": "#CC79A7",
-    "flow, draws + density": "#117733", "euclidean flow + reverse KL": "#332288",
+    "euclidean flow": "#882255", "normalized flow": "#332288", "geometric flow": "#CC79A7",
+    "flow, draws + density": "#117733", "euclidean flow + reverse KL": "#6699CC",
     "gaussian fit": "#999933", "per-chain gaussians": "#661100", "prior draws": "#BBBBBB",
     "the flow's source": "#DDCC77", "HMC, training run": "#000000",
 }
