@@ -390,7 +390,9 @@ KNOWN_ALIKE = {
                       "row_colors['plain baseline']",
     "08c_posterior.html": "fig-post-terms draws 'vi +1' and '... +1' like their sets (give the +1 boxes a hollow "
                           "fill); fig-post-shape takes the colorway (HMC run 0 in SGLD's blue, the flows in other "
-                          "colours than fig-post-terms'): colour every series with figures.color",
+                          "colours than fig-post-terms'): colour every line with figures.color (HMC runs black, "
+                          "run 1 dotted); method_colors = {chosen: figures.color('flow')} recolours the chosen "
+                          "flow in fig-post-points and fig-post-reliability: drop it",
 }
 
 
