@@ -1188,7 +1188,8 @@ def detection_table(task: str = "breast_cancer", charts: tuple[str, ...] = CHART
     dimension) with ``m`` the median log-likelihood of the flow's own samples (row ``OWN_SAMPLES``; no data
     needed). Beside them the same two AUROCs for the task's unnormalised log posterior, the oracle that
     knows the data, centred on the ``typical`` set (HMC draws). Returns a DataFrame indexed by set; the
-    likelihoods are cached per chart.
+    likelihoods are cached per chart. Where ``sets`` holds both :data:`CHECK_SETS`, ``attrs["check"]`` is
+    :func:`density_check` of the same scores: read a chart's AUROCs only where it ``passes``.
 
     Args:
         task: ``"breast_cancer"``.
@@ -1217,7 +1218,10 @@ def detection_table(task: str = "breast_cancer", charts: tuple[str, ...] = CHART
         cols[f"AUROC ({name})"] = {k: auroc(ll[positive], v) for k, v in ll.items()}
         cols[f"AUROC typicality ({name})"] = {k: auroc(-(ll[positive] - m).abs(), -(v - m).abs())
                                               for k, v in ll.items()}
-    return pd.DataFrame(cols)
+    table = pd.DataFrame(cols)
+    if all(k in sets for k in CHECK_SETS):      # the check its AUROCs must pass before they are read
+        table.attrs["check"] = density_check(task, charts, sets, seed=seed)
+    return table
 
 
 #: the two sets of :func:`detection_sets` that :func:`density_check` rescores
