@@ -30,8 +30,8 @@ from torch_geometric.nn import global_max_pool, global_mean_pool
 from torch_geometric.utils import scatter
 
 from wsbook.flows.models import TimeEmbedding
-from wsbook.graphs.layers import LayeredLayout, PNAEdgeLayer, RelationalTransformerLayer, mlp
-from wsbook.graphs.neural_graph import N_ROLES, GraphBatch, NeuralGraph, Spec
+from wsbook.graphs.layers import LayeredLayout, PNAEdgeLayer, RelationalTransformerLayer, mlp, mlp_grid
+from wsbook.graphs.neural_graph import N_ROLES, GraphBatch, NeuralGraph, Spec, layer_roles
 
 LAYERS = ("pna", "relational_transformer")
 HEADS = ("invariant", "equivariant")
@@ -166,12 +166,66 @@ class WeightSpaceGNN(nn.Module):
         """Node and edge features ``[N, dim]``, ``[E, dim]`` of a graph batch after all layers. ``t``: a
         scalar or one time per graph ``[num_graphs]`` (only for ``time=True``)."""
         batch = self._graph_batch(batch, None)
+        if self._grid(batch):
+            h, e = self._embed_grid(batch, t)
+            return h, e.t().contiguous()
+        return self._embed_edges(batch, t)
+
+    def _grid(self, batch: GraphBatch) -> bool:
+        """Whether ``batch`` runs on dense blocks (:meth:`_embed_grid`): one architecture (every layered
+        graph, MLP or CNN, is complete between consecutive layers) and neighbour attention."""
+        return len(batch.parts) == 1 and all(isinstance(layer, RelationalTransformerLayer)
+                                             and layer.attention == "neighbours" for layer in self.layers)
+
+    def _embed_grid(self, batch: GraphBatch, t: Tensor | float | None) -> tuple[Tensor, Tensor]:
+        """:meth:`embed_graph` of a batch of ``G`` graphs of one architecture with every edge tensor
+        feature-major: nodes ``[G*N, dim]``, edges ``[dim, G*E]`` (see
+        :meth:`~wsbook.graphs.layers.RelationalTransformerLayer.forward_grid`). Same function as the
+        edge-list route; per-graph terms (time FiLM, the virtual node) broadcast over ``[dim, G, E]``."""
+        graph, G, d = batch.graph, batch.num_graphs, self.dim
+        layout = LayeredLayout(G, graph.widths)
+        E = layout.n_edges
+        h = self.node_in(batch.x * self.node_scale[batch.role].unsqueeze(-1)) + self.pos(batch.pos)
+        # one input scale per block (the role of its target layer), broadcast over the graphs
+        edge_scale = self._edge_scale_per_edge(layout)
+        C = batch.edge_attr.shape[-1]
+        attr = (batch.edge_attr.view(G, E, C).permute(2, 0, 1) * edge_scale).reshape(C, G * E)
+        e = mlp_grid(self.edge_in, attr)                                                  # [d, G*E]
+        cond = self._times(t, G)
+        for k, layer in enumerate(self.layers):
+            scale, shift = None, None
+            if cond is not None:
+                gamma_h, beta_h, gamma_e, beta_e = self.time_film[k](cond).chunk(4, -1)
+                h = (h.view(G, -1, d) * (1 + gamma_h[:, None]) + beta_h[:, None]).view(h.shape)
+                scale, shift = (1 + gamma_e).t().contiguous(), beta_e.t().contiguous()    # [d, G]
+            if self.global_in is not None:          # the virtual node: every node and edge reads its graph's means
+                mean_e = e.view(d, G, E).mean(-1)                                         # of e before the FiLM:
+                if scale is not None:                                                     # the mean is affine in e
+                    mean_e = mean_e * scale + shift
+                pooled = torch.cat([h.view(G, -1, d).mean(1), mean_e.t()], -1)
+                add_h, add_e = self.global_in[k](pooled).chunk(2, -1)
+                h = (h.view(G, -1, d) + add_h[:, None]).view(h.shape)
+                shift = add_e.t() if shift is None else shift + add_e.t()
+            if scale is not None:                   # FiLM and shifts of the edges in one pass
+                e = torch.addcmul(shift.unsqueeze(-1), e.view(d, G, E), scale.unsqueeze(-1)).view(d, -1)
+            elif shift is not None:
+                e = (e.view(d, G, E) + shift.unsqueeze(-1)).view(d, -1)
+            h, e = layer.forward_grid(h, e, layout)
+        return h, e
+
+    def _edge_scale_per_edge(self, layout: LayeredLayout) -> Tensor:
+        """The input scale of every edge of one graph ``[E]``: that of its block's target-layer role."""
+        roles = torch.tensor(layer_roles(len(layout.widths) - 1), device=self.edge_scale.device)[1:]
+        sizes = torch.tensor(layout.block_sizes, device=self.edge_scale.device)
+        return torch.repeat_interleave(self.edge_scale[roles], sizes)
+
+    def _embed_edges(self, batch: GraphBatch, t: Tensor | float | None) -> tuple[Tensor, Tensor]:
+        """:meth:`embed_graph` on edge lists (gathers and scatters): any batch, any layer."""
         node_role, edge_role = batch.role, batch.edge_role
         h = self.node_in(batch.x * self.node_scale[node_role].unsqueeze(-1)) + self.pos(batch.pos)
         e = self.edge_in(batch.edge_attr * self.edge_scale[edge_role].unsqueeze(-1))
         cond = self._times(t, batch.num_graphs)
         # one architecture: nodes and edges are [graphs, per graph] grids, so per-graph terms broadcast
-        # and the relational layers run on dense blocks instead of gathering (same function)
         G = batch.num_graphs
         layout = LayeredLayout(G, batch.graph.widths) if len(batch.parts) == 1 else None
         need_edge_batch = layout is None and (cond is not None or self.global_in is not None)
@@ -195,10 +249,7 @@ class WeightSpaceGNN(nn.Module):
                 pooled = torch.cat([graph_mean(h, batch.batch), graph_mean(e, edge_batch)], -1)
                 add_h, add_e = self.global_in[k](pooled).chunk(2, -1)
                 h, e = affine(h, batch.batch, None, add_h), affine(e, edge_batch, None, add_e)
-            if layout is not None and isinstance(layer, RelationalTransformerLayer):
-                h, e = layer(h, batch.edge_index, e, batch.batch, layout=layout)
-            else:
-                h, e = layer(h, batch.edge_index, e, batch.batch)
+            h, e = layer(h, batch.edge_index, e, batch.batch)
         return h, e
 
     def embed(self, theta: Tensor, *, t: Tensor | float | None = None, spec: Spec | NeuralGraph | None = None,
@@ -212,15 +263,25 @@ class WeightSpaceGNN(nn.Module):
         """Outputs for a (possibly mixed) graph batch: invariant head ``[num_graphs, out_dim]`` (rows in
         the batch's graph order); equivariant head one population ``[count, D_k]`` per part of the batch."""
         batch = self._graph_batch(batch, None)
-        h, e = self.embed_graph(batch, t)
-        if self.head == "invariant":
-            G = batch.num_graphs
-            pooled = torch.cat([global_mean_pool(h, batch.batch, G), global_max_pool(h, batch.batch, G),
-                                scatter(e, batch.edge_batch, 0, dim_size=G, reduce="mean")], -1)
-            return self.readout(pooled)
+        G = batch.num_graphs
+        if self._grid(batch):          # edges feature-major [dim, G*E] (see _embed_grid)
+            h, e = self._embed_grid(batch, t)
+            layout = LayeredLayout(G, batch.graph.widths)
+            if self.head == "invariant":
+                pooled = torch.cat([h.view(G, -1, self.dim).mean(1), h.view(G, -1, self.dim).amax(1),
+                                    e.view(self.dim, G, -1).mean(-1).t()], -1)
+                return self.readout(pooled)
+            edges = mlp_grid(self.edge_head, e).view(-1, G, layout.n_edges) / self._edge_scale_per_edge(layout)
+            edges = edges.permute(1, 2, 0).reshape(G * layout.n_edges, -1)
+        else:
+            h, e = self._embed_edges(batch, t)
+            if self.head == "invariant":
+                pooled = torch.cat([global_mean_pool(h, batch.batch, G), global_max_pool(h, batch.batch, G),
+                                    scatter(e, batch.edge_batch, 0, dim_size=G, reduce="mean")], -1)
+                return self.readout(pooled)
+            edges = self.edge_head(e) / self.edge_scale[batch.edge_role].unsqueeze(-1)
         # outputs in the units of the input: undo the role's input scale
         nodes = self.node_head(h).squeeze(-1) / self.node_scale[batch.role]
-        edges = self.edge_head(e) / self.edge_scale[batch.edge_role].unsqueeze(-1)
         return batch.to_populations(nodes, edges)
 
     def forward(self, theta: Tensor, *, t: Tensor | float | None = None,
