@@ -7,11 +7,13 @@ loss on a minibatch of chart points, its backward pass) is counted in floating-p
 (``torch.utils.flop_counter``: matrix products and convolutions, the work a step must do) and timed (best of
 several after a warm-up). Prints ``field_flops_<task>_<kind>_batch<B>, achieved GFLOP/s, matmul GFLOP/s,
 share`` (``share`` = achieved / matmul rate of a large float32 product in the same run, on one thread).
+``python benchmarks/bench_fields.py mnist_gnn breast_cancer_gnn`` runs only the rows named.
 A field whose step spends its time in gathers, scatters, small kernels and Python has a small share.
 
 For the message-passing GNN also ``field_flops_<task>_gnn_edge_product``: the share reached by one plain
-``[edges x batch, dim] @ [dim, dim]`` product, the shape of every per-edge linear layer of its step, timed the
-same way. Its features are ``dim`` numbers per edge, so its products are too thin to run at the large
+``[dim, dim] @ [dim, edges x batch]`` product, the shape of every per-edge linear layer of its step (edge
+features are feature-major there, see :meth:`wsbook.graphs.RelationalTransformerLayer.forward_grid`), timed
+the same way. Its features are ``dim`` numbers per edge, so its products are too thin to run at the large
 product's rate; this line is the ceiling of such a layer on this machine.
 """
 from __future__ import annotations
@@ -64,10 +66,17 @@ def training_step(spec: MLPSpec, cfg: flows.FlowConfig, seed: int = 0):
     return step
 
 
-def main() -> None:
+def main(only: list[str] | None = None) -> None:
+    """Every field of :func:`field_configs`, or those named in ``only`` (e.g. ``mnist_gnn``)."""
     torch.set_num_threads(1)     # one thread: the share of one core's matmul rate, stable on a shared machine
     peak = matmul_gflops()
-    for name, (spec, cfg) in field_configs().items():
+    configs = field_configs()
+    unknown = set(only or ()) - set(configs)
+    if unknown:
+        raise SystemExit(f"unknown field(s) {sorted(unknown)}; choose from {sorted(configs)}")
+    for name, (spec, cfg) in configs.items():
+        if only and name not in only:
+            continue
         step = training_step(spec, cfg)
         with FlopCounterMode(display=False) as counter:
             step()
@@ -77,10 +86,13 @@ def main() -> None:
         print(f"# {name}: {seconds * 1e3:.1f} ms per step, {counter.get_total_flops() / 1e9:.3f} GFLOP")
         if cfg.field == "gnn":
             edges = cfg.batch_size * sum(i * o for i, o in zip(spec.widths[:-1], spec.widths[1:]))
-            a, w = torch.randn(edges, cfg.dim), torch.randn(cfg.dim, cfg.dim)
-            rate = 2 * edges * cfg.dim**2 / best_seconds(lambda: a @ w, repeats=10) / 1e9
+            a, w = torch.randn(cfg.dim, edges), torch.randn(cfg.dim, cfg.dim)
+            rate = 2 * edges * cfg.dim**2 / best_seconds(lambda: w @ a, repeats=10) / 1e9
             print(f"field_flops_{name}_edge_product_{edges}x{cfg.dim}, {rate:.2f}, {peak:.1f}, {rate / peak:.2f}")
 
 
 if __name__ == "__main__":
-    main()
+    import argparse
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("fields", nargs="*", help="field rows to run (default all), e.g. breast_cancer_gnn mnist_gnn")
+    main(parser.parse_args().fields or None)
