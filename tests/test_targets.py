@@ -115,3 +115,16 @@ def test_zoo_barriers_shapes_and_alignment_lowers_them():
     assert (out["unaligned"].diagonal() == 0).all() and len(set(out["runs"].tolist())) == 5
     off = ~torch.eye(5, dtype=torch.bool)
     assert out["aligned"][0][off[0]].mean() < out["unaligned"][0][off[0]].mean()
+
+
+def test_a_channel_field_flow_trains_and_samples_cnns_of_the_zoo():
+    from wsbook.experiments import flows
+
+    cfgs = flows.cnn_candidates()
+    assert set(cfgs) == {"channel_euclidean_aligned_ot", "channel_geometric_aligned_ot", "plain baseline"}
+    cfg = flows.flow_config("geometric", field="channel", steps=5, batch_size=8, hidden=16)
+    trained = flows.train_flow("cnn_digits", cfg, n_holdout=2)
+    assert type(trained.flow.field).__name__ == "ChannelField" and trained.losses.shape == (5,)
+    theta, _ = flows.sample_flow("cnn_digits", cfg, 6, steps=2, n_holdout=2)
+    spec = flows.zoo_split("cnn_digits", n_holdout=2).spec
+    assert theta.shape == (6, spec.n_params) and torch.isfinite(theta).all()

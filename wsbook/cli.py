@@ -221,7 +221,7 @@ def artifacts() -> dict[str, Artifact]:
                                     targets, tasks)
 
     out: list[Artifact] = []
-    for name in targets.ZOOS:
+    for name in targets.MLP_ZOOS:
         out.append(Artifact(f"zoo/{name}", f"checkpoint zoo {name} (chapters 8, 8b)",
                             lambda name=name: targets.zoo(name)))
     for name, cfg in targets.OPTIONAL_ZOOS.items():
@@ -295,7 +295,7 @@ def groups() -> dict[str, Callable[[], list[str]]]:
     from wsbook.experiments import flows, mnist_flows as mf, posterior_flows as pf, targets
 
     def zoos() -> list[str]:
-        return [f"zoo/{z}" for z in targets.ZOOS]
+        return [f"zoo/{z}" for z in targets.MLP_ZOOS]
 
     def mnist_flows() -> list[str]:
         return [flow_artifact(mf.ZOO, r) for r in (*mf.budget().recipes, "plain baseline")]

@@ -38,11 +38,11 @@ from wsbook.bayes import distances
 from wsbook.cache import cached
 from wsbook.experiments import protocol, targets
 from wsbook.nets import train_population
-from wsbook.weightflow import (FlatField, GeometricChart, Guidance, NeuronField, NeuronGraphField, WeightFlow,
-                               gnn_field, make_chart)
+from wsbook.weightflow import (ChannelField, FlatField, GeometricChart, Guidance, NeuronField, NeuronGraphField,
+                               WeightFlow, gnn_field, make_chart)
 
 CHARTS = ("euclidean", "normalized", "geometric")
-FIELDS = ("gnn", "flat", "neuron")
+FIELDS = ("gnn", "flat", "neuron", "channel")
 #: the extended budget of :func:`extended_config`, in multiples of the table's training steps
 EXTENDED_STEPS = 10
 #: the thesis's three design variants of Table 7.1: (chart aligned to a reference, coupling)
@@ -58,7 +58,8 @@ class FlowConfig:
         chart: ``"euclidean"``, ``"normalized"`` or ``"geometric"`` (:mod:`wsbook.weightflow.charts`).
         field: ``"gnn"`` (the equivariant :func:`~wsbook.weightflow.gnn_field`), ``"neuron"`` (the graph
             network whose nodes read whole neurons, :class:`~wsbook.weightflow.NeuronGraphField`;
-            :class:`~wsbook.weightflow.NeuronField` for one hidden layer) or ``"flat"`` (the plain
+            :class:`~wsbook.weightflow.NeuronField` for one hidden layer), ``"channel"`` (its counterpart over
+            a CNN's channels, :class:`~wsbook.weightflow.ChannelField`) or ``"flat"`` (the plain
             :class:`~wsbook.weightflow.FlatField` baseline).
         aligned: the chart aligns every network to the split's reference network by weight matching.
         coupling: ``"independent"`` or ``"ot"`` (exact minibatch OT in the chart's metric).
@@ -140,7 +141,7 @@ def flow_config(chart: str, variant: str = "aligned_ot", field: str = "gnn", **o
     Args:
         chart: ``"euclidean"``, ``"normalized"`` or ``"geometric"``.
         variant: ``"plain"``, ``"aligned"`` or ``"aligned_ot"``.
-        field: ``"gnn"``, ``"neuron"`` or ``"flat"``.
+        field: ``"gnn"``, ``"neuron"``, ``"channel"`` (CNNs) or ``"flat"``.
         overrides: any other :class:`FlowConfig` field.
     """
     if variant not in VARIANTS:
@@ -153,6 +154,11 @@ def flow_config(chart: str, variant: str = "aligned_ot", field: str = "gnn", **o
         # stays equivariant and every target is aligned to its source partner (measurements: docs/tuning-log.md)
         sizes = dict(dim=s(8, 16, 32), n_layers=s(1, 2, 3), steps=s(40, 400, 250_000), batch_size=s(16, 32, 64),
                      lr=3e-3, anchored=aligned, align_pairs=not aligned)
+    elif field == "channel":
+        # unanchored (the channel field reads no anchor network): every target is aligned to its source
+        # partner, as the unanchored MLP fields are
+        sizes = dict(hidden=s(32, 64, 128), n_layers=1, steps=s(150, 800, 50_000), batch_size=s(16, 64, 64),
+                     lr=3e-3, align_pairs=True)
     elif field == "neuron":
         # the field that reads whole neurons, anchored on aligned charts like the GNN; its steps and learning
         # rate were chosen by MMD and memorisation (measurements: docs/tuning-log.md)
@@ -207,6 +213,17 @@ def breast_cancer_candidates() -> dict[str, FlowConfig]:
     return cfgs
 
 
+def cnn_candidates() -> dict[str, FlowConfig]:
+    """Every flow the CNN page trains on the ``"cnn_digits"`` zoo, by its table label: the channel field
+    (:class:`~wsbook.weightflow.ChannelField`) on the Euclidean and the Geometric chart, aligned + OT, and
+    the ``"plain baseline"``, a flat field on the aligned weight vector (the DeepWeightFlow recipe without
+    its PCA and normalisation recalibration)."""
+    cfgs = {c.name: c for c in (flow_config(chart, "aligned_ot", field="channel") for chart in ("euclidean",
+                                                                                                "geometric"))}
+    cfgs["plain baseline"] = baseline_config()
+    return cfgs
+
+
 # ---------------------------------------------------------------------------------------------- splits
 def zoo_split(name: str, n_holdout: int | None = None, seed: int = 0) -> protocol.RunSplit:
     """The seeded split of zoo ``name`` (:func:`wsbook.experiments.targets.zoo`) used by every flow
@@ -230,6 +247,8 @@ def build_field(spec, cfg: FlowConfig):
     if cfg.field == "gnn":
         return gnn_field(spec, dim=cfg.dim, n_layers=cfg.n_layers, heads=cfg.heads, anchored=cfg.anchored,
                          global_context=cfg.global_context)
+    if cfg.field == "channel":
+        return ChannelField(spec, hidden=cfg.hidden, rounds=cfg.n_layers)
     if cfg.field == "neuron":
         if len(spec.widths) == 3:
             return NeuronField(spec, hidden=cfg.hidden, attention_layers=cfg.n_layers, anchored=cfg.anchored)
@@ -676,4 +695,4 @@ __all__ = ["FlowConfig", "flow_config", "extended_config", "EXTENDED_STEPS", "ba
            "solver_steps", "zoo_split", "build_field", "build_flow",
            "TrainedFlow", "train_flow", "sample_flow", "References", "references", "probability_scores", "score", "score_draws",
            "target_rows", "CONTROLS", "control_sets", "test_report", "verdict_table",
-           "breast_cancer_candidates", "nn_ratio_interval", "steps_curve", "adam_curve"]
+           "breast_cancer_candidates", "cnn_candidates", "nn_ratio_interval", "steps_curve", "adam_curve"]
