@@ -385,6 +385,245 @@ FIGURE_MARKS = """
 #: pages whose figures are known to draw series alike or to recolour a series, with what must change there;
 #: remove an entry once its page passes
 KNOWN_ALIKE = {
+    "08c_posterior.html": ("fig-post-points", "fig-post-reliability"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RESULT_FIGURES))
+def test_result_pages_show_the_networks(server, browser, name):
+    """Per-network accuracies, principal components of aligned weights and first layers as images (MNIST
+    page); the predictive test point by test point and a reliability diagram (posterior page): each a
+    named, captioned figure whose plot is drawn."""
+    page = next((p for p in chapter_pages() if p.name == name), None)
+    assert page is not None, f"no chapter page {name} in {HTML}"
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    tab = context.new_page()
+    tab.goto(f"{server}/{page.relative_to(HTML).as_posix()}", wait_until="load")
+    n_figures = page.read_text().count("Plotly.newPlot")
+    tab.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}",
+                          timeout=60_000)
+    found = tab.evaluate("""ids => ids.map(id => { const el = document.getElementById(id);
+        const fig = el && (el.tagName === 'FIGURE' ? el : el.closest('figure') || el.querySelector('figure'));
+        const cap = fig && fig.querySelector('figcaption');
+        return {id: id, figure: !!fig, drawn: !!(fig && fig.querySelector('.js-plotly-plot .main-svg')),
+                caption: cap ? cap.innerText.trim() : ''}; })""", list(RESULT_FIGURES[name]))
+    context.close()
+    problems = [f"{f['id']}: no figure with that name" for f in found if not f["figure"]]
+    problems += [f"{f['id']}: the plot is not drawn" for f in found if f["figure"] and not f["drawn"]]
+    problems += [f"{f['id']}: no caption" for f in found if f["figure"] and not f["caption"]]
+    assert not problems, "\n".join(problems)
+
+
+# Figures with a slider over plotly frames (chapter 7's flow in motion): every step names a frame, and the
+# slider moves the figure in the static page, without a kernel.
+SLIDER_CHECK = """
+async () => { const out = [];
+  for (const gd of Array.from(document.querySelectorAll('.js-plotly-plot'))) {
+    const L = gd._fullLayout || {};
+    if (!L.sliders || !L.sliders.length) { continue; }
+    const frames = ((gd._transitionData || {})._frames || []).map(f => f.name);
+    const steps = L.sliders[0].steps.map(s => (s.args && s.args[0] || [])[0]);
+    const z = () => (gd.querySelector('.cartesianlayer') || gd).innerHTML;   // what the panels draw
+    let error = null, moved = null;
+    try {
+      const go = name => Plotly.animate(gd, [name], {frame: {duration: 0, redraw: true}, mode: 'immediate',
+                                                     transition: {duration: 0}});
+      await go(steps[0]); const first = z();
+      await go(steps[steps.length - 1]); moved = z() !== first;
+    } catch (e) { error = String(e); }
+    out.push({title: (L.title && L.title.text) || '', frames: frames, steps: steps, moved: moved, error: error});
+  }
+  return out; }
+"""
+
+
+@pytest.mark.parametrize("page", chapter_pages(), ids=lambda p: p.name)
+def test_slider_figures_move_without_a_kernel(server, browser, page):
+    """A figure with a slider has one frame per slider step (at least two), and moving from the first step
+    to the last redraws its panels, in the static HTML page."""
+    html = page.read_text()
+    if '"sliders"' not in html:
+        pytest.skip("no slider figure on this page")
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    tab = context.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
+    tab.goto(f"{server}/{page.relative_to(HTML).as_posix()}", wait_until="load")
+    n_figures = html.count("Plotly.newPlot")
+    tab.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}",
+                          timeout=60_000)
+    # a figure with frames plays once when the page opens: let it finish before moving the slider
+    tab.wait_for_function("Array.from(document.querySelectorAll('.js-plotly-plot'))"
+                          ".every(gd => !gd._transitionData || !gd._transitionData._animationRaf)",
+                          timeout=60_000)
+    found = tab.evaluate(SLIDER_CHECK)
+    context.close()
+    assert found, "the page has a slider in its HTML but no plotly figure with one"
+    problems = list(errors)
+    for f in found:
+        name = f"figure {f['title'][:50]!r}"
+        if len(f["steps"]) < 2 or sorted(f["steps"]) != sorted(f["frames"]):
+            problems.append(f"{name}: slider steps {f['steps']} do not name its frames {f['frames']}")
+        if f["error"] or not f["moved"]:
+            problems.append(f"{name}: moving the slider did not redraw the figure ({f['error']})")
+    assert not problems, "\n".join(problems)
+
+
+# hrefs of sphinx-book-theme's launch buttons: JupyterHub (nbgitpuller), Binder, Colab, Deepnote
+LAUNCH_HREF = re.compile(r'href="([^"]*(?:/git-pull\?|/v2/(?:gh|gl|git)/|colab\.research\.google\.com/github/'
+                         r'|deepnote\.com/launch)[^"]*)"')
+
+
+def test_launch_links_point_to_the_configured_repository():
+    """A launch button clones the repository the build names (``repository.url`` in ``_config.yml`` or
+    ``WSBOOK_REPOSITORY_URL``, which ``tests/gates.py`` hands to the build and to this test alike); a build
+    that names none has no launch button at all."""
+    import html as html_lib
+    from urllib.parse import parse_qs, urlsplit
+
+    import yaml
+
+    from wsbook.sphinx import LAUNCH_PROVIDERS, repository_url
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    expected = repository_url({"repository_url": (config.get("repository") or {}).get("url") or ""}).rstrip("/")
+    providers = any((config.get("launch_buttons") or {}).get(key) for key in LAUNCH_PROVIDERS)
+    problems = []
+    for page in chapter_pages():
+        text = page.read_text()
+        links = [html_lib.unescape(url) for url in LAUNCH_HREF.findall(text)]
+        if not expected:
+            if links or "dropdown-launch-buttons" in text:
+                problems.append(f"{page.name}: launch buttons ({links}) although no repository is configured")
+            continue
+        if providers and not links:
+            problems.append(f"{page.name}: no launch button although {expected} is configured")
+        for url in links:
+            repo = parse_qs(urlsplit(url).query).get("repo", [""])[0]
+            ok = repo.rstrip("/") == expected if repo else "/".join(expected.split("/")[-2:]) in url
+            if not ok:
+                problems.append(f"{page.name}: launch link {url} does not clone {expected}")
+    assert not problems, "\n".join(problems)
+
+
+PLOTLY_SCRIPT = re.compile(r'<script src="[^"]*_static/(plotly\.min\.js|plotly/plotly-cartesian\.min\.js)')
+
+
+def test_plotly_only_on_pages_with_figures():
+    """Issue 11: plotly.js (megabytes) is linked only by the pages that draw a figure, once; a page whose
+    figures are all 2-D links the cartesian partial bundle (1.5 MB instead of 4.8 MB) when the book ships it
+    at the installed plotly.js's version, and the full bundle only where a figure needs it (3-D scenes)."""
+    from wsbook import sphinx
+
+    partial_ok = sphinx.plotly_bundle({"scatter"}, ROOT / "_static") == sphinx.PARTIAL_PLOTLY
+    problems = []
+    for page in pages():
+        html = page.read_text()
+        if "http-equiv=\"Refresh\"" in html:
+            continue
+        loads = PLOTLY_SCRIPT.findall(html)
+        draws = "Plotly.newPlot" in html
+        if len(loads) != (1 if draws else 0):
+            problems.append(f"{page.name}: links plotly.js {loads}, draws a figure: {draws}")
+            continue
+        if draws:
+            types = sphinx.page_trace_types(html[html.find("<body"):])
+            wanted = "plotly/plotly-cartesian.min.js" if partial_ok and types <= sphinx.CARTESIAN_TRACES \
+                else "plotly.min.js"
+            if loads[0] != wanted:
+                problems.append(f"{page.name}: trace types {sorted(types)} load {loads[0]}, not {wanted}")
+    assert not problems, "\n".join(problems)
+
+
+def test_no_fontawesome_script_and_the_icons_still_drawn(server, browser):
+    """The theme's fontawesome.js (1.5 MB of JavaScript on every page) is not linked; its stylesheet draws
+    the header's icons from Font Awesome's web font instead: each icon has a glyph of that font and a size."""
+    linked = [p.name for p in pages() if "scripts/fontawesome.js" in p.read_text()]
+    assert not linked, f"pages still link fontawesome.js: {linked[:5]}"
+    page = next(p for p in chapter_pages() if p.name.startswith("01_"))
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    tab = context.new_page()
+    tab.goto(f"{server}/{page.relative_to(HTML).as_posix()}", wait_until="load")
+    tab.evaluate("document.fonts.ready")
+    icons = tab.evaluate("""() => Array.from(document.querySelectorAll(
+        '.header-article i[class*="fa-"], .bd-header i[class*="fa-"], .theme-switch-button i[class*="fa-"]'
+        )).map(el => {
+          const before = getComputedStyle(el, '::before'), box = el.getBoundingClientRect();
+          return {cls: el.className, font: before.fontFamily, content: before.content,
+                  visible: el.offsetParent !== null, width: box.width,
+                  loaded: document.fonts.check('900 16px "Font Awesome 6 Free"')}; })""")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    tab.screenshot(path=str(SHOTS / "icons__header.png"), clip={"x": 0, "y": 0, "width": 1280, "height": 120})
+    context.close()
+    shown = [i for i in icons if i["visible"]]
+    assert shown, f"no Font Awesome icon in the page header: {icons}"
+    bad = [i for i in shown if "Font Awesome" not in i["font"] or i["content"] in ("none", "normal", '""')
+           or i["width"] < 4 or not i["loaded"]]
+    assert not bad, f"icons not drawn from the web font: {bad}"
+
+
+# For every figure: series (legend entries, named boxes) that a reader cannot tell apart (same colour, dash,
+# marker symbol, fill and kind of mark) although they are different series, and the colour of each named
+# series (a series keeps its colour in every figure of the page); annotations and shapes on a log
+# axis drawn outside the plotted range, or an annotation placed at a line's value as if the axis were linear
+# (plotly places annotations on a log axis at the log10 of their coordinate, shapes at the value itself).
+FIGURE_MARKS = """
+() => Array.from(document.querySelectorAll('.js-plotly-plot')).map((gd) => {
+  const L = gd._fullLayout || {}, problems = [];
+  const fig = gd.closest('figure');
+  const norm = c => (typeof c === 'string') ? c.replace(/\\s/g, '').toLowerCase() : null;
+  const looks = {}, colours = {};
+  for (const t of gd._fullData || []) {
+    const series = t.legendgroup || t.name;
+    if (!series || !(t.showlegend || t.type === 'box' || t.type === 'violin')) continue;
+    const m = t.marker || {}, l = t.line || {}, mode = t.mode || '';
+    let colour, look;
+    if (['bar', 'histogram', 'barpolar'].includes(t.type)) {
+      colour = norm(m.color); look = [t.type, colour, (m.pattern || {}).shape || ''];
+    } else if (t.type === 'box' || t.type === 'violin') {
+      colour = norm(l.color || m.color); look = [t.type, colour, norm(t.fillcolor), m.symbol || ''];
+    } else {
+      const lines = mode.includes('lines') || mode === '' , markers = mode.includes('markers');
+      colour = norm(lines && l.color ? l.color : m.color);
+      look = [t.type, colour, lines ? (l.dash || 'solid') : '', markers ? (m.symbol || 'circle') : '',
+              lines, markers, norm(t.fill && t.fill !== 'none' ? t.fillcolor : null)];
+    }
+    if (!colour) continue;
+    if (t.name) colours[t.name] = colour;
+    const key = JSON.stringify(look);
+    (looks[key] = looks[key] || new Set()).add(series);
+  }
+  for (const [key, names] of Object.entries(looks))
+    if (names.size > 1) problems.push(`series drawn alike (${JSON.parse(key).slice(0, 2).join(' ')}): ${[...names].join(' | ')}`);
+  const axis = ref => (!ref || ref === 'paper' || / domain$/.test(ref)) ? null : L[ref[0] + 'axis' + ref.slice(1)];
+  const lines = {};
+  for (const s of L.shapes || []) for (const d of ['x', 'y']) {
+    const ax = axis(s[d + 'ref']);
+    if (!ax || ax.type !== 'log') continue;
+    for (const v of [s[d + '0'], s[d + '1']]) {
+      const lv = Math.log10(v), r = ax.range;
+      (lines[ax._id] = lines[ax._id] || []).push(v);
+      if (!(lv >= Math.min(...r) - 1e-9 && lv <= Math.max(...r) + 1e-9))
+        problems.push(`a line at ${d} = ${v} is outside the log axis ${ax._id} (10^${r.map(x => x.toFixed(2))})`);
+    }
+  }
+  for (const a of L.annotations || []) for (const d of ['x', 'y']) {
+    const ax = axis(a[d + 'ref']);
+    if (!ax || ax.type !== 'log') continue;
+    const v = a[d], r = ax.range;
+    if (!(v >= Math.min(...r) - 1e-9 && v <= Math.max(...r) + 1e-9))
+      problems.push(`annotation '${a.text}' at ${d} = 10^${v} is outside the log axis ${ax._id}`);
+    else if ((lines[ax._id] || []).some(w => Math.abs(w - v) < 1e-9 && Math.abs(Math.log10(w) - v) > 1e-6))
+      problems.push(`annotation '${a.text}' at ${d} = 10^${v}, not at its line (${v}): give log10 of the value`);
+  }
+  return {id: fig ? fig.id || (fig.querySelector('[id]') || {}).id || '' : '',
+          title: (L.title && L.title.text) || '', problems: problems, colours: colours};
+})
+"""
+
+#: pages whose figures are known to draw series alike or to recolour a series, with what must change there;
+#: remove an entry once its page passes
+KNOWN_ALIKE = {
     "08b_mnist.html": "fig-mn-pca colours the best flow and the plain baseline PALETTE[1] and PALETTE[0] (the "
                       "target's colour in fig-mn-accuracy and fig-mn-bma): use row_colors[best] and "
                       "row_colors['plain baseline']",
