@@ -75,8 +75,8 @@ def test_one_score_for_every_zoo_table_and_the_chapters_use_it():
     assert set(on_data) < set(row) and on_data["accuracy"] == pytest.approx(row["accuracy"])
     with pytest.raises(ValueError, match="not both"):
         pipeline.score("breast_cancer", theta, refs, data=other)
-    with pytest.raises(ValueError, match="posterior target"):
-        pipeline.score("posterior/breast_cancer", theta)
+    with pytest.raises(ValueError, match="validation HMC run"):
+        pipeline.score("posterior/breast_cancer", theta, refs)
     with pytest.raises(ValueError, match="needs the networks per set"):
         pipeline.references("breast_cancer")
     # the chapters score zoo networks through the pipeline only
@@ -84,3 +84,17 @@ def test_one_score_for_every_zoo_table_and_the_chapters_use_it():
     for chapter in RESULTS_CHAPTERS:
         text = (ROOT / "chapters" / f"{chapter}.md").read_text()
         assert not own.findall(text), (chapter, own.findall(text))
+
+
+def test_posterior_samples_are_scored_against_the_validation_run():
+    from wsbook.experiments import targets
+
+    post = "posterior/breast_cancer"
+    val = targets.hmc_reference("breast_cancer", pf.HMC_RUNS["validation"])
+    train = targets.hmc_reference("breast_cancer", pf.HMC_RUNS["training"])
+    itself = pipeline.score(post, val.theta[:16])
+    other = pipeline.score(post, train.theta[:16])
+    assert {"accuracy", "bma_nll", "tv", "mmd2"} <= set(itself)
+    assert itself["tv"] < other["tv"] + 0.05 and itself["mmd2"] <= other["mmd2"] + 1e-3
+    prior = pipeline.score(post, pf.prior_draws("breast_cancer", 16, torch.Generator().manual_seed(0)))
+    assert prior["mmd2"] > other["mmd2"] and prior["tv"] > other["tv"]

@@ -13,8 +13,8 @@ A *recipe* is one flow over a target and its budget at the current scale (:func:
 coupling, the vector field, the objective and the training sizes. Its name is the row name of the chapter's
 tables. Training and sampling are cached (:mod:`wsbook.cache`), so a chapter run after
 ``python -m wsbook all`` trains nothing. :func:`score` scores any set of networks of a zoo target against
-its validation runs (:func:`references`); posterior samples are scored against the validation HMC run by
-:mod:`wsbook.experiments.posterior_flows`. The test runs are read only by the verdict tables.
+its validation runs (:func:`references`), and posterior samples against the validation HMC run. The
+test runs are read only by the verdict tables.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from wsbook import config
-from wsbook.experiments import flows, mnist_flows as mf, posterior_flows as pf, targets
+from wsbook.experiments import flows, mnist_flows as mf, posterior_flows as pf, targets, tasks
 
 #: the zoo targets and the posterior targets
 ZOO_TARGETS = ("breast_cancer", "mnist5k")
@@ -165,14 +165,17 @@ def references(target: str, n: int | None = None) -> flows.References:
 
 
 def score(target: str, theta: Tensor, refs: flows.References | None = None, *, data=None, seed: int = 0) -> dict:
-    """One row of a results table: networks ``theta [n, D]`` of the zoo target ``target`` scored the one way
-    every table scores them (:func:`wsbook.experiments.flows.score`): accuracy, NLL, the model average of
-    64 (``bma_accuracy``, ``bma_nll``) and diversity on the data's test inputs, and against the validation
-    runs ``refs`` (default :func:`references` for ``n`` networks) the MMD^2 over the perfect generator's
-    floor (``mmd_ratio``), the memorisation ratio ``nn_ratio`` and the weight-space W2.
+    """One row of a results table: networks ``theta [n, D]`` of ``target`` scored the one way every table
+    scores them. For every target: accuracy, NLL, the model average of 64 (``bma_accuracy``, ``bma_nll``)
+    and diversity on the data's test inputs (:func:`wsbook.experiments.flows.probability_scores`). For a
+    zoo target, against the validation runs ``refs`` (default :func:`references` for ``n`` networks): the
+    MMD^2 over the perfect generator's floor (``mmd_ratio``), the memorisation ratio ``nn_ratio`` and the
+    weight-space W2 (:func:`wsbook.experiments.flows.score`). For a posterior target, against the
+    validation HMC run: ``tv`` and ``mmd2``
+    (:func:`wsbook.experiments.posterior_flows.validation_distances`).
 
     Args:
-        target: a zoo target (:data:`ZOO_TARGETS`).
+        target: a key of :data:`TARGETS`.
         theta: the networks, in the zoo's architecture.
         refs: the reference runs (from :func:`references`; built for ``len(theta)`` networks if omitted).
         data: score on another data set's test split instead (a :class:`wsbook.data.Dataset` with the zoo's
@@ -181,8 +184,13 @@ def score(target: str, theta: Tensor, refs: flows.References | None = None, *, d
     """
     _check_target(target)
     if target not in ZOO_TARGETS:
-        raise ValueError(f"score: {target!r} is a posterior target; its samples are scored against HMC runs "
-                         f"by wsbook.experiments.posterior_flows")
+        if refs is not None or data is not None:
+            raise ValueError(f"score: {target!r} is scored against its validation HMC run; it takes no refs or data")
+        task = _task(target)
+        ds, spec = tasks.get_task(task).data(), targets.hmc_reference(task, pf.HMC_RUNS["training"]).spec
+        probs = targets.predictive_probs(spec, spec.check(theta, "theta"), ds.x_test)
+        return flows.probability_scores(probs, ds.y_test, generator=torch.Generator().manual_seed(seed)) \
+            | pf.validation_distances(task, theta, seed)
     if data is not None:
         if refs is not None:
             raise ValueError("score: references are the zoo's runs on the zoo's data; pass data or refs, not both")
