@@ -27,11 +27,8 @@ from torch import Tensor, nn
 
 from wsbook.flows.models import time_features
 from wsbook.nets import CNNSpec
-from wsbook.weightflow.fields import FIELDS, TIME_FEATURES, WeightField, _times
-
-
-def _mlp(n_in: int, hidden: int, n_out: int) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(n_in, hidden), nn.SiLU(), nn.Linear(hidden, n_out))
+from wsbook.weightflow.fields import (FIELDS, TIME_FEATURES, WeightField, _build_edge_readout, _build_rounds,
+                                     _edge_reads, _message_rounds, _mlp, _summary, _times)
 
 
 class ChannelField(WeightField):
@@ -81,24 +78,10 @@ class ChannelField(WeightField):
         self.n_first = spec.in_channels * kk          # a first-layer channel's kernel over the input channels
         sizes = [(self.n_first if h == 0 else 0) + 1 + (n_out if h == n_hidden - 1 else 0) for h in range(n_hidden)]
         summary = n_hidden * hidden + n_out + TIME_FEATURES
-
-        def per_edge_set(make):
-            return nn.ModuleList(make() for _ in range(n_hidden - 1))
-
-        def per_round(make):
-            return nn.ModuleList(make() for _ in range(rounds))
-
         self.enc = nn.ModuleList(_mlp(k, hidden, hidden) for k in sizes)
         self.time = nn.Linear(TIME_FEATURES, hidden)
-        self.edge_enc = per_edge_set(lambda: _mlp(kk, edge_dim, edge_dim))
-        self.msg = per_round(lambda: per_edge_set(lambda: _mlp(edge_dim, edge_dim, edge_dim)))
-        self.dst = per_round(lambda: per_edge_set(lambda: nn.Linear(hidden, edge_dim)))
-        self.src = per_round(lambda: per_edge_set(lambda: nn.Linear(hidden, edge_dim)))
-        self.down = per_round(lambda: per_edge_set(lambda: nn.Linear(edge_dim, hidden)))
-        self.up = per_round(lambda: per_edge_set(lambda: nn.Linear(edge_dim, hidden)))
-        self.ctx = per_round(lambda: _mlp(summary, hidden, n_hidden * hidden))
-        self.norm = per_round(lambda: nn.ModuleList(nn.LayerNorm(hidden) for _ in range(n_hidden)))
-        self.node = per_round(lambda: nn.ModuleList(_mlp(hidden, hidden, hidden) for _ in range(n_hidden)))
+        self.edge_enc = nn.ModuleList(_mlp(kk, edge_dim, edge_dim) for _ in range(n_hidden - 1))
+        _build_rounds(self, n_hidden, hidden, edge_dim, rounds, summary)
         self.mix = nn.ModuleList(
             nn.ModuleList(nn.TransformerEncoderLayer(hidden, heads, 2 * hidden, dropout=0.0, activation="gelu",
                                                      batch_first=True, norm_first=True)
@@ -106,9 +89,7 @@ class ChannelField(WeightField):
             for _ in range(n_hidden))
         self.dec = nn.ModuleList(nn.Sequential(nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, k))
                                  for k in sizes)
-        self.edge_dst = per_edge_set(lambda: nn.Linear(hidden, edge_dim))
-        self.edge_src = per_edge_set(lambda: nn.Linear(hidden, edge_dim))
-        self.edge_dec = per_edge_set(lambda: _mlp(edge_dim, edge_dim, kk))
+        _build_edge_readout(self, n_hidden, hidden, edge_dim, kk)
         self.head = _mlp(summary, hidden, n_out)
         self.linear_nodes = nn.ParameterList(nn.Parameter(torch.zeros(2, k)) for k in sizes)
         self.linear_edges = nn.ParameterList(nn.Parameter(torch.zeros(2, kk)) for _ in range(n_hidden - 1))
@@ -126,9 +107,6 @@ class ChannelField(WeightField):
             nodes.append(torch.cat(parts, -1))
         return nodes, [w.flatten(3) for w in ws[1:-1]], bs[-1]
 
-    def _summary(self, h: list[Tensor], b_out: Tensor, tf: Tensor) -> Tensor:
-        return torch.cat([hl.mean(1) for hl in h] + [b_out, tf], -1)
-
     def forward(self, t: Tensor | float, x: Tensor) -> Tensor:
         x = self.spec.check(x, "x")
         t = _times(t, x)
@@ -136,29 +114,19 @@ class ChannelField(WeightField):
         nodes, edges, b_out = self.channels(x)
         h = [enc(u) + self.time(tf)[:, None] for enc, u in zip(self.enc, nodes)]
         e = [enc(k) for enc, k in zip(self.edge_enc, edges)]             # [B, c_{h+1}, c_h, edge_dim]
-        for r in range(len(self.msg)):
-            for k in range(len(e)):                                       # kernels from layer k to layer k + 1
-                m = self.msg[r][k](e[k] + self.dst[r][k](h[k + 1])[:, :, None] + self.src[r][k](h[k])[:, None])
-                e[k] = e[k] + m
-                h[k + 1] = h[k + 1] + self.down[r][k](m.mean(2))
-                h[k] = h[k] + self.up[r][k](m.mean(1))
-            g = self.ctx[r](self._summary(h, b_out, tf)).chunk(len(h), -1)
-            h = [hl + node(norm(hl + gl[:, None])) for hl, gl, node, norm in zip(h, g, self.node[r], self.norm[r])]
+        h, e = _message_rounds(self, h, e, b_out, tf)
         h = [self._attend(hl, mix) for hl, mix in zip(h, self.mix)]
         tt = t[:, None, None]
         v_nodes = [dec(hl) + (lin[0] + tt * lin[1]) * u
                    for dec, hl, lin, u in zip(self.dec, h, self.linear_nodes, nodes)]
-        v_edges = []
-        for k in range(len(e)):
-            read = self.edge_dec[k](e[k] + self.edge_dst[k](h[k + 1])[:, :, None] + self.edge_src[k](h[k])[:, None])
-            lin = self.linear_edges[k]
-            v_edges.append(read + (lin[0] + t[:, None, None, None] * lin[1]) * edges[k])
+        v_edges = [read + (lin[0] + t[:, None, None, None] * lin[1]) * kernels
+                   for read, lin, kernels in zip(_edge_reads(self, h, e), self.linear_edges, edges)]
         B, n_out, shapes = x.shape[0], self.spec.n_classes, self.spec.layer_shapes
         weights = [v_nodes[0][..., :self.n_first].reshape(B, *shapes[0]),
                    *(v.reshape(B, *s) for v, s in zip(v_edges, shapes[1:-1])),
                    v_nodes[-1][..., -n_out:].transpose(1, 2)]
         biases = [v[..., self.n_first if h_ == 0 else 0] for h_, v in enumerate(v_nodes)]
-        return self.spec.pack(weights, biases + [self.head(self._summary(h, b_out, tf))])
+        return self.spec.pack(weights, biases + [self.head(_summary(h, b_out, tf))])
 
     @staticmethod
     def _attend(h: Tensor, layers: nn.ModuleList) -> Tensor:

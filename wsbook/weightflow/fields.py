@@ -358,6 +358,60 @@ def _mlp(n_in: int, hidden: int, n_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(n_in, hidden), nn.SiLU(), nn.Linear(hidden, n_out))
 
 
+# The message passing of the fields whose nodes are hidden units and whose edges are the weights between two
+# hidden layers (NeuronGraphField over neurons, ChannelField over a CNN's channels, whose edges are kernels).
+def _build_rounds(field: nn.Module, n_hidden: int, hidden: int, edge_dim: int, rounds: int, summary: int) -> None:
+    """Per round and per pair of consecutive hidden layers the edge message and its end-node projections
+    (``msg``, ``dst``, ``src``, ``down``, ``up``), and per round the context and node updates."""
+    def per_edge_set(make):
+        return nn.ModuleList(make() for _ in range(n_hidden - 1))
+
+    def per_round(make):
+        return nn.ModuleList(make() for _ in range(rounds))
+
+    field.msg = per_round(lambda: per_edge_set(lambda: _mlp(edge_dim, edge_dim, edge_dim)))
+    field.dst = per_round(lambda: per_edge_set(lambda: nn.Linear(hidden, edge_dim)))
+    field.src = per_round(lambda: per_edge_set(lambda: nn.Linear(hidden, edge_dim)))
+    field.down = per_round(lambda: per_edge_set(lambda: nn.Linear(edge_dim, hidden)))
+    field.up = per_round(lambda: per_edge_set(lambda: nn.Linear(edge_dim, hidden)))
+    field.ctx = per_round(lambda: _mlp(summary, hidden, n_hidden * hidden))
+    field.norm = per_round(lambda: nn.ModuleList(nn.LayerNorm(hidden) for _ in range(n_hidden)))
+    field.node = per_round(lambda: nn.ModuleList(_mlp(hidden, hidden, hidden) for _ in range(n_hidden)))
+
+
+def _build_edge_readout(field: nn.Module, n_hidden: int, hidden: int, edge_dim: int, edge_out: int) -> None:
+    """The decoders of the edges from their features and their two end nodes (``edge_out`` numbers each)."""
+    field.edge_dst = nn.ModuleList(nn.Linear(hidden, edge_dim) for _ in range(n_hidden - 1))
+    field.edge_src = nn.ModuleList(nn.Linear(hidden, edge_dim) for _ in range(n_hidden - 1))
+    field.edge_dec = nn.ModuleList(_mlp(edge_dim, edge_dim, edge_out) for _ in range(n_hidden - 1))
+
+
+def _summary(h: list[Tensor], b_out: Tensor, tf: Tensor) -> Tensor:
+    """The virtual node: every hidden layer's mean node, the output bias and the time features."""
+    return torch.cat([hl.mean(1) for hl in h] + [b_out, tf], -1)
+
+
+def _message_rounds(field: nn.Module, h: list[Tensor], e: list[Tensor], b_out: Tensor,
+                    tf: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+    """The rounds of :func:`_build_rounds` on node features ``h`` (``[B, width, hidden]`` per layer) and edge
+    features ``e`` (``[B, width_next, width, edge_dim]`` per pair of layers)."""
+    for r in range(len(field.msg)):
+        for k in range(len(e)):                                     # edges from layer k to layer k + 1
+            m = field.msg[r][k](e[k] + field.dst[r][k](h[k + 1])[:, :, None] + field.src[r][k](h[k])[:, None])
+            e[k] = e[k] + m
+            h[k + 1] = h[k + 1] + field.down[r][k](m.mean(2))
+            h[k] = h[k] + field.up[r][k](m.mean(1))
+        g = field.ctx[r](_summary(h, b_out, tf)).chunk(len(h), -1)
+        h = [hl + node(norm(hl + gl[:, None])) for hl, gl, node, norm in zip(h, g, field.node[r], field.norm[r])]
+    return h, e
+
+
+def _edge_reads(field: nn.Module, h: list[Tensor], e: list[Tensor]) -> list[Tensor]:
+    """Every edge's decoded velocity ``[B, width_next, width, edge_out]`` (before the linear term)."""
+    return [field.edge_dec[k](e[k] + field.edge_dst[k](h[k + 1])[:, :, None] + field.edge_src[k](h[k])[:, None])
+            for k in range(len(e))]
+
+
 class NeuronGraphField(WeightField):
     """``field(t, x)`` for MLPs with two or more hidden layers: a graph network over the hidden neurons
     whose nodes read their fixed-order weights whole, as :class:`NeuronField` does for one hidden layer.
@@ -407,29 +461,14 @@ class NeuronGraphField(WeightField):
         if anchored:
             self.register_buffer("anchor", torch.zeros(1, spec.n_params))
         summary = n_hidden * hidden + n_out + TIME_FEATURES
-
-        def per_edge_set(make):
-            return nn.ModuleList(make() for _ in range(n_hidden - 1))
-
-        def per_round(make):
-            return nn.ModuleList(make() for _ in range(rounds))
-
+        # modules in this order: it fixes their initialisation from the global generator
         self.enc = nn.ModuleList(_mlp(c * k, hidden, hidden) for k in sizes)
-        self.edge_enc = per_edge_set(lambda: _mlp(c, edge_dim, edge_dim))
+        self.edge_enc = nn.ModuleList(_mlp(c, edge_dim, edge_dim) for _ in range(n_hidden - 1))
         self.time = nn.Linear(TIME_FEATURES, hidden)
-        self.msg = per_round(lambda: per_edge_set(lambda: _mlp(edge_dim, edge_dim, edge_dim)))
-        self.dst = per_round(lambda: per_edge_set(lambda: nn.Linear(hidden, edge_dim)))
-        self.src = per_round(lambda: per_edge_set(lambda: nn.Linear(hidden, edge_dim)))
-        self.down = per_round(lambda: per_edge_set(lambda: nn.Linear(edge_dim, hidden)))
-        self.up = per_round(lambda: per_edge_set(lambda: nn.Linear(edge_dim, hidden)))
-        self.ctx = per_round(lambda: _mlp(summary, hidden, n_hidden * hidden))
-        self.norm = per_round(lambda: nn.ModuleList(nn.LayerNorm(hidden) for _ in range(n_hidden)))
-        self.node = per_round(lambda: nn.ModuleList(_mlp(hidden, hidden, hidden) for _ in range(n_hidden)))
+        _build_rounds(self, n_hidden, hidden, edge_dim, rounds, summary)
         self.dec = nn.ModuleList(nn.Sequential(nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, k))
                                  for k in sizes)
-        self.edge_dst = per_edge_set(lambda: nn.Linear(hidden, edge_dim))
-        self.edge_src = per_edge_set(lambda: nn.Linear(hidden, edge_dim))
-        self.edge_dec = per_edge_set(lambda: _mlp(edge_dim, edge_dim, 1))
+        _build_edge_readout(self, n_hidden, hidden, edge_dim, 1)
         self.head = _mlp(summary, hidden, n_out)
         self.linear_nodes = nn.ParameterList(nn.Parameter(torch.zeros(2, k)) for k in sizes)
         self.linear_edges = nn.Parameter(torch.zeros(2, n_hidden - 1))
@@ -459,25 +498,16 @@ class NeuronGraphField(WeightField):
             node_in, edge_in = nodes, [e[..., None] for e in edges]
         h = [enc(u) + self.time(tf)[:, None] for enc, u in zip(self.enc, node_in)]
         e = [enc(u) for enc, u in zip(self.edge_enc, edge_in)]          # [B, width_next, width, edge_dim]
-        for r in range(len(self.msg)):
-            for k in range(len(e)):                                     # edges from layer k to layer k + 1
-                m = self.msg[r][k](e[k] + self.dst[r][k](h[k + 1])[:, :, None] + self.src[r][k](h[k])[:, None])
-                e[k] = e[k] + m
-                h[k + 1] = h[k + 1] + self.down[r][k](m.mean(2))
-                h[k] = h[k] + self.up[r][k](m.mean(1))
-            g = self.ctx[r](torch.cat([hl.mean(1) for hl in h] + [b_out, tf], -1)).chunk(len(h), -1)
-            h = [hl + node(norm(hl + gl[:, None])) for hl, gl, node, norm in zip(h, g, self.node[r], self.norm[r])]
+        h, e = _message_rounds(self, h, e, b_out, tf)
         tt = t[:, None, None]
         v_nodes = [dec(hl) + (lin[0] + tt * lin[1]) * u
                    for dec, hl, lin, u in zip(self.dec, h, self.linear_nodes, nodes)]
-        v_edges = []
-        for k in range(len(e)):
-            read = self.edge_dec[k](e[k] + self.edge_dst[k](h[k + 1])[:, :, None] + self.edge_src[k](h[k])[:, None])
-            v_edges.append(read[..., 0] + (self.linear_edges[0, k] + tt * self.linear_edges[1, k]) * edges[k])
+        v_edges = [read[..., 0] + (self.linear_edges[0, k] + tt * self.linear_edges[1, k]) * edges[k]
+                   for k, read in enumerate(_edge_reads(self, h, e))]
         n_in, n_out = self.spec.widths[0], self.spec.widths[-1]
         weights = [v_nodes[0][..., :n_in], *v_edges, v_nodes[-1][..., -n_out:].transpose(1, 2)]
         biases = [v[..., n_in if l == 0 else 0] for l, v in enumerate(v_nodes)]
-        b_head = self.head(torch.cat([hl.mean(1) for hl in h] + [b_out, tf], -1))
+        b_head = self.head(_summary(h, b_out, tf))
         return self.spec.pack(weights, biases + [b_head])
 
     def zero_(self) -> "NeuronGraphField":
