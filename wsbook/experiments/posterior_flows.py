@@ -28,7 +28,8 @@ which only :func:`verdict_table` reads:
   variables), their effective sample size and the reweighted predictive; :func:`elbos`, the flows' and
   mean-field VI's evidence lower bounds (their reverse KLs to the posterior, up to one constant), over the
   verdict's training seeds, the flows' log-densities from a converged RK4 solve with the exact trace
-  (:func:`flow_with_log_q`, :func:`exact_divergence`) beside those of the Euler steps they train with.
+  (:func:`flow_with_log_q`, the exact :func:`wsbook.flows.likelihood.divergence`) beside those of the Euler
+  steps they train with.
 * :func:`detection_sets`, :func:`detection_table`: the flow's log-likelihood of held-out posterior draws and
   of networks that are not from the posterior (another task, random initialisations, prior draws,
   perturbed draws, optimiser checkpoints), with the AUROC of the log-likelihood as a detector;
@@ -52,6 +53,7 @@ from wsbook.bayes import metrics as M
 from wsbook.bayes.distances import median_bandwidth, median_nn_distance, mmd2
 from wsbook.cache import cached
 from wsbook.experiments import protocol, targets
+from wsbook.flows.likelihood import divergence
 from wsbook.symmetry import neuron_norms, weight_matching
 from wsbook.weightflow import EuclideanChart, FlatField, GeometricChart, NeuronGraphField, WeightFlow, gnn_field
 from wsbook.weightflow.variational import fit_reverse_kl
@@ -915,25 +917,6 @@ def importance_sampling(task: str = "breast_cancer", n: int | None = None, seed:
 
 
 # ------------------------------------------------------------------- exact log-densities, fine solvers
-def exact_divergence(fn, x: Tensor, chunk: int = 256) -> tuple[Tensor, Tensor]:
-    """``(fn(x) [B, D], div fn(x) [B])`` for a field ``fn`` applied row-wise: the trace of its Jacobian,
-    exactly, from the ``D`` vector-Jacobian products with the unit vectors (``chunk`` of them batched at a
-    time). No probe noise: the estimator a density must be checked with before its values are read."""
-    with torch.enable_grad():
-        x = x.detach().requires_grad_(True)
-        v = fn(x)
-        b, d = x.shape
-        div = x.new_zeros(b)
-        for start in range(0, d, chunk):
-            k = min(chunk, d - start)
-            idx = torch.arange(k, device=x.device)
-            unit = x.new_zeros(k, b, d)
-            unit[idx, :, start + idx] = 1.0
-            rows = torch.autograd.grad(v, x, unit, is_grads_batched=True, retain_graph=True)[0]
-            div = div + rows[idx, :, start + idx].sum(0)
-    return v.detach(), div.detach()
-
-
 LOG_Q_METHODS = ("euler", "rk4")
 
 
@@ -942,8 +925,8 @@ def flow_with_log_q(flow: WeightFlow, x0: Tensor, steps: int, method: str = "rk4
     """Source points ``x0 [B, D]`` of a Euclidean flow carried to ``t = 1`` by ``steps`` fixed steps of
     ``method`` (``"euler"``, the solver the density flows train with, or ``"rk4"``), with ``log q`` carried
     along by the instantaneous change of variables, ``d log q / dt = -div v``, the divergence exact
-    (:func:`exact_divergence`). Returns ``(chart points [B, D], log q [B])``: a sample and its log-density
-    under the flow that this solver defines, from one solve (no second solve back to the source, whose
+    (:func:`wsbook.flows.likelihood.divergence`). Returns ``(chart points [B, D], log q [B])``: a sample and
+    its log-density under the flow that this solver defines, from one solve (no second solve back to the source, whose
     error would add to the first one's). Doubling ``steps`` until the values stop changing gives the
     density of the flow's ODE itself."""
     if not flow.euclidean:
@@ -958,7 +941,7 @@ def flow_with_log_q(flow: WeightFlow, x0: Tensor, steps: int, method: str = "rk4
     log_q = flow.chart.source_log_prob(x).to(x.dtype)
 
     def f(t: float, y: Tensor) -> tuple[Tensor, Tensor]:
-        return exact_divergence(lambda z: flow.velocity(t, z, None, eps), y, chunk)
+        return divergence(lambda z: flow.velocity(t, z, None, eps), y, "exact", chunk=chunk)
 
     for k in range(int(steps)):
         t = k * h
@@ -1340,7 +1323,7 @@ __all__ = ["CHARTS", "FlowSettings", "flow_settings", "KLSettings", "kl_settings
            "guided", "posterior_terms", "memorisation", "RHAT_LIMIT", "RHAT_SHARE", "COST_GOAL",
            "COST_MORE", "MET_AT_MORE", "NoCost", "rhat_quantile", "cost_refusal", "cost_verdict", "amortised_cost", "cost",
            "cost_inputs", "cost_table", "task_cost", "importance_sampling", "PROPOSALS", "elbos",
-           "ELBO_FLOWS", "ELBO_VI", "ELBOSettings", "elbo_settings", "exact_divergence", "flow_with_log_q",
+           "ELBO_FLOWS", "ELBO_VI", "ELBOSettings", "elbo_settings", "flow_with_log_q",
            "CHECK_SETS", "DENSITY_TOLERANCE", "MEMORISATION_AUROC", "check_size", "density_check",
            "reweighted",
            "detection_sets", "detection_table", "auroc", "OWN_SAMPLES", "off_chart"]

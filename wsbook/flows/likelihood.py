@@ -23,18 +23,21 @@ Tensor = torch.Tensor
 
 
 def divergence(f: Callable[[Tensor], Tensor], x: Tensor, estimator: str = "exact",
-               probes: Tensor | None = None) -> tuple[Tensor, Tensor]:
+               probes: Tensor | None = None, chunk: int = 256) -> tuple[Tensor, Tensor]:
     """``(f(x), div f(x))`` for a batch ``x`` [B, D] of a field applied row-wise.
 
-    ``estimator="exact"``: the trace of the Jacobian, one backward pass per coordinate.
+    ``estimator="exact"``: the trace of the Jacobian from the ``D`` vector-Jacobian products with the unit
+    vectors, ``chunk`` of them batched into one backward pass (one pass per coordinate where the field's
+    operations cannot be batched that way).
     ``estimator="hutchinson"``: mean over ``probes`` [P, B, D] of eps^T J eps (vector-Jacobian products).
     """
+    if chunk < 1:
+        raise ValueError(f"divergence: chunk must be positive; got {chunk}")
     with torch.enable_grad():
         x = x.detach().requires_grad_(True)
         v = f(x)
         if estimator == "exact":
-            cols = [torch.autograd.grad(v[:, i].sum(), x, retain_graph=True)[0][:, i] for i in range(x.shape[1])]
-            div = torch.stack(cols, 0).sum(0)
+            div = _exact_trace(v, x, chunk)
         elif estimator == "hutchinson":
             if probes is None or probes.dim() != 3 or probes.shape[1:] != x.shape:
                 raise ValueError(f"divergence: Hutchinson needs probes of shape [P, {x.shape[0]}, {x.shape[1]}], "
@@ -44,6 +47,23 @@ def divergence(f: Callable[[Tensor], Tensor], x: Tensor, estimator: str = "exact
         else:
             raise ValueError(f"divergence: estimator must be 'exact' or 'hutchinson', got {estimator!r}")
     return v.detach(), div.detach()
+
+
+def _exact_trace(v: Tensor, x: Tensor, chunk: int) -> Tensor:
+    b, d = x.shape
+    div = x.new_zeros(b)
+    try:
+        for start in range(0, d, chunk):
+            k = min(chunk, d - start)
+            idx = torch.arange(k, device=x.device)
+            unit = x.new_zeros(k, b, d)
+            unit[idx, :, start + idx] = 1.0
+            rows = torch.autograd.grad(v, x, unit, is_grads_batched=True, retain_graph=True)[0]
+            div = div + rows[idx, :, start + idx].sum(0)
+        return div
+    except RuntimeError:      # an operation without a batching rule for its backward (vmap)
+        cols = [torch.autograd.grad(v[:, i].sum(), x, retain_graph=True)[0][:, i] for i in range(d)]
+        return torch.stack(cols, 0).sum(0)
 
 
 def rademacher(shape: tuple[int, ...], generator: torch.Generator | None = None,
