@@ -144,6 +144,19 @@ def test_channel_field_is_equivariant_to_channel_permutations(spec, attention):
     torch.testing.assert_close(field(t, permute(spec, theta, perms)), permute(spec, out, perms), atol=1e-5, rtol=1e-4)
 
 
+def test_anchored_channel_field_is_equivariant_in_the_pair():
+    spec = SPECS[1]
+    torch.manual_seed(0)
+    field = ChannelField(spec, hidden=16, edge_dim=8, anchored=True)
+    theta, t = zoo(spec, 2), torch.rand(1, generator=gen(2))
+    perms = random_permutation(spec, 1, generator=gen(3))
+    field.set_anchor(theta[1:])
+    out = field(t, theta[:1])
+    field.set_anchor(permute(spec, theta[1:], perms))
+    torch.testing.assert_close(field(t, permute(spec, theta[:1], perms)), permute(spec, out, perms),
+                               atol=1e-5, rtol=1e-4)
+
+
 def test_channel_field_follows_the_weight_field_protocol():
     spec = SPECS[1]
     torch.manual_seed(0)
@@ -161,6 +174,11 @@ def test_channel_field_follows_the_weight_field_protocol():
     wider = field.with_spec(CNNSpec(1, (7, 2), 3, 3))          # no parameter depends on a hidden width
     assert wider(0.5, zoo(wider.spec, 2)).shape == (2, wider.spec.n_params)
     assert field.zero_() is field and torch.equal(field(t, x), torch.zeros_like(x))
+    anchored = ChannelField(spec, hidden=8, edge_dim=4, anchored=True)
+    anchored.set_anchor(x[0])
+    assert field_from_config(anchored.config()).anchored and anchored(t, x).shape == x.shape
+    with pytest.raises(ValueError, match="anchored field"):
+        anchored.with_spec(CNNSpec(1, (7, 2), 3, 3))
 
 
 def test_flat_field_reads_a_cnn():

@@ -155,10 +155,9 @@ def flow_config(chart: str, variant: str = "aligned_ot", field: str = "gnn", **o
         sizes = dict(dim=s(8, 16, 32), n_layers=s(1, 2, 3), steps=s(40, 400, 250_000), batch_size=s(16, 32, 64),
                      lr=3e-3, anchored=aligned, align_pairs=not aligned)
     elif field == "channel":
-        # unanchored (the channel field reads no anchor network): every target is aligned to its source
-        # partner, as the unanchored MLP fields are
+        # anchored on aligned charts, as the neuron field (measurements: docs/tuning-log.md)
         sizes = dict(hidden=s(32, 64, 128), n_layers=1, steps=s(150, 800, 50_000), batch_size=s(16, 64, 64),
-                     lr=3e-3, align_pairs=True)
+                     lr=3e-3, anchored=aligned, align_pairs=not aligned)
     elif field == "neuron":
         # the field that reads whole neurons, anchored on aligned charts like the GNN; its steps and learning
         # rate were chosen by MMD and memorisation (measurements: docs/tuning-log.md)
@@ -215,7 +214,7 @@ def breast_cancer_candidates() -> dict[str, FlowConfig]:
 
 def cnn_candidates() -> dict[str, FlowConfig]:
     """Every flow the CNN page trains on the ``"cnn_digits"`` zoo, by its table label: the channel field
-    (:class:`~wsbook.weightflow.ChannelField`) on the Euclidean and the Geometric chart, aligned + OT, and
+    (:class:`~wsbook.weightflow.ChannelField`, anchored) on the Euclidean and the Geometric chart, aligned + OT, and
     the ``"plain baseline"``, a flat field on the aligned weight vector (the DeepWeightFlow recipe without
     its PCA and normalisation recalibration)."""
     cfgs = {c.name: c for c in (flow_config(chart, "aligned_ot", field="channel") for chart in ("euclidean",
@@ -248,7 +247,7 @@ def build_field(spec, cfg: FlowConfig):
         return gnn_field(spec, dim=cfg.dim, n_layers=cfg.n_layers, heads=cfg.heads, anchored=cfg.anchored,
                          global_context=cfg.global_context)
     if cfg.field == "channel":
-        return ChannelField(spec, hidden=cfg.hidden, rounds=cfg.n_layers)
+        return ChannelField(spec, hidden=cfg.hidden, rounds=cfg.n_layers, anchored=cfg.anchored)
     if cfg.field == "neuron":
         if len(spec.widths) == 3:
             return NeuronField(spec, hidden=cfg.hidden, attention_layers=cfg.n_layers, anchored=cfg.anchored)

@@ -54,6 +54,9 @@ class ChannelField(WeightField):
         rounds: rounds of message passing and context updates.
         attention_layers: self-attention layers among each hidden layer's channels (0: DeepSets only).
         heads: attention heads (must divide ``hidden``).
+        anchored: every channel and kernel is read beside the same channel and kernel of an anchor network (as
+            :class:`~wsbook.weightflow.NeuronGraphField`'s ``anchored``; :meth:`WeightFlow.fit` sets the mean
+            aligned training network): equivariant in the pair, for the anchor's channel counts only.
 
     Shapes: ``x`` is ``[B, D]`` in the spec's flat layout, ``t`` a number or ``[B]``; the output is ``[B, D]``.
     """
@@ -61,7 +64,7 @@ class ChannelField(WeightField):
     kind = "channel"
 
     def __init__(self, spec: CNNSpec, hidden: int = 64, edge_dim: int = 16, rounds: int = 1,
-                 attention_layers: int = 0, heads: int = 4):
+                 attention_layers: int = 0, heads: int = 4, anchored: bool = False):
         super().__init__()
         if not isinstance(spec, CNNSpec):
             raise TypeError(f"ChannelField needs a CNNSpec; got {type(spec).__name__} (for MLPs use NeuronField "
@@ -71,16 +74,19 @@ class ChannelField(WeightField):
                              f"non-negative; got {hidden}, {edge_dim}, {rounds}, {attention_layers}")
         if attention_layers and hidden % heads:
             raise ValueError(f"ChannelField: heads ({heads}) must divide hidden ({hidden})")
-        self.spec = spec
+        self.spec, self.anchored = spec, bool(anchored)
         self.kwargs = dict(hidden=hidden, edge_dim=edge_dim, rounds=rounds, attention_layers=attention_layers,
-                           heads=heads)
+                           heads=heads) | ({"anchored": True} if anchored else {})
+        c = 2 if anchored else 1
+        if anchored:
+            self.register_buffer("anchor", torch.zeros(1, spec.n_params))
         n_hidden, kk, n_out = len(spec.channels), spec.kernel_size ** 2, spec.n_classes
         self.n_first = spec.in_channels * kk          # a first-layer channel's kernel over the input channels
         sizes = [(self.n_first if h == 0 else 0) + 1 + (n_out if h == n_hidden - 1 else 0) for h in range(n_hidden)]
         summary = n_hidden * hidden + n_out + TIME_FEATURES
-        self.enc = nn.ModuleList(_mlp(k, hidden, hidden) for k in sizes)
+        self.enc = nn.ModuleList(_mlp(c * k, hidden, hidden) for k in sizes)
         self.time = nn.Linear(TIME_FEATURES, hidden)
-        self.edge_enc = nn.ModuleList(_mlp(kk, edge_dim, edge_dim) for _ in range(n_hidden - 1))
+        self.edge_enc = nn.ModuleList(_mlp(c * kk, edge_dim, edge_dim) for _ in range(n_hidden - 1))
         _build_rounds(self, n_hidden, hidden, edge_dim, rounds, summary)
         self.mix = nn.ModuleList(
             nn.ModuleList(nn.TransformerEncoderLayer(hidden, heads, 2 * hidden, dropout=0.0, activation="gelu",
@@ -112,8 +118,13 @@ class ChannelField(WeightField):
         t = _times(t, x)
         tf = time_features(t, TIME_FEATURES - 1, x.shape[0]).to(x)
         nodes, edges, b_out = self.channels(x)
-        h = [enc(u) + self.time(tf)[:, None] for enc, u in zip(self.enc, nodes)]
-        e = [enc(k) for enc, k in zip(self.edge_enc, edges)]             # [B, c_{h+1}, c_h, edge_dim]
+        node_in, edge_in = nodes, edges
+        if self.anchored:
+            a_nodes, a_edges, _ = self.channels(self.anchor)
+            node_in = [torch.cat([u, a.expand_as(u)], -1) for u, a in zip(nodes, a_nodes)]
+            edge_in = [torch.cat([k, a.expand_as(k)], -1) for k, a in zip(edges, a_edges)]
+        h = [enc(u) + self.time(tf)[:, None] for enc, u in zip(self.enc, node_in)]
+        e = [enc(k) for enc, k in zip(self.edge_enc, edge_in)]           # [B, c_{h+1}, c_h, edge_dim]
         h, e = _message_rounds(self, h, e, b_out, tf)
         h = [self._attend(hl, mix) for hl, mix in zip(h, self.mix)]
         tt = t[:, None, None]
@@ -153,6 +164,9 @@ class ChannelField(WeightField):
                              f"classes of {self.spec}")
         if spec == self.spec:
             return self
+        if self.anchored:
+            raise ValueError(f"ChannelField.with_spec: an anchored field reads an anchor network of {self.spec} "
+                             f"and exists for those channel counts only")
         new = ChannelField(spec, **self.kwargs).to(self.time.weight)
         new.load_state_dict(self.state_dict())
         return new
