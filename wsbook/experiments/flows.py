@@ -692,6 +692,7 @@ def adam_curve(zoo_name: str, steps_list: tuple[int, ...], n: int, seed: int = 0
 
 __all__ = ["FlowConfig", "flow_config", "extended_config", "EXTENDED_STEPS", "baseline_config", "VARIANTS",
            "solver_steps", "zoo_split", "build_field", "build_flow",
-           "TrainedFlow", "train_flow", "sample_flow", "References", "references", "probability_scores", "score", "score_draws",
+           "TrainedFlow", "train_flow", "sample_flow", "References", "references", "probability_scores", "score",
+           "score_draws",
            "target_rows", "CONTROLS", "control_sets", "test_report", "verdict_table",
            "breast_cancer_candidates", "cnn_candidates", "nn_ratio_interval", "steps_curve", "adam_curve"]
