@@ -395,8 +395,9 @@ def width_transfer(seed: int = 0) -> dict[str, dict]:
     Returns ``{row name: score}`` (:func:`wsbook.experiments.flows.probability_scores`, plus
     :func:`neuron_similarity` and, for flow rows, ``sample_seconds``): the trained zoo (``n_wide`` random
     checkpoints, drawn from ``seed``), wide networks assembled from the neurons of the 784-10-10 training
-    checkpoints (:func:`assembled_networks`), :data:`NEURON_ANCHORED` at the new width (its anchor widened by repeating neurons,
-    :meth:`~wsbook.weightflow.NeuronField.with_spec`; outgoing weights scaled by the width ratio), the
+    checkpoints (:func:`assembled_networks`), :data:`NEURON_ANCHORED` at the new width (its anchor widened
+    by repeating neurons, :meth:`~wsbook.weightflow.NeuronField.with_spec`; outgoing weights scaled by the
+    width ratio), the
     assembly of ``k`` independent 784-10-10 samples of :data:`NEURON_ANCHORED` (no guidance; ``k`` the
     number of narrow widths the wide one needs) and the probability average of the same ``k`` samples (the
     packed-ensemble baselines an anchored transfer must beat, since its widened anchor repeats the narrow
