@@ -215,9 +215,9 @@ class WeightSpaceGNN(nn.Module):
 
     def _edge_scale_per_edge(self, layout: LayeredLayout) -> Tensor:
         """The input scale of every edge of one graph ``[E]``: that of its block's target-layer role."""
-        roles = torch.tensor(layer_roles(len(layout.widths) - 1), device=self.edge_scale.device)[1:]
-        sizes = torch.tensor(layout.block_sizes, device=self.edge_scale.device)
-        return torch.repeat_interleave(self.edge_scale[roles], sizes)
+        # one block per pair of layers (a loop over layers; repeat_interleave would read its sizes on the host)
+        roles = layer_roles(len(layout.widths) - 1)[1:]
+        return torch.cat([self.edge_scale[r].expand(n) for r, n in zip(roles, layout.block_sizes)])
 
     def _embed_edges(self, batch: GraphBatch, t: Tensor | float | None) -> tuple[Tensor, Tensor]:
         """:meth:`embed_graph` on edge lists (gathers and scatters): any batch, any layer."""
