@@ -209,6 +209,37 @@ def test_cache_rejects_unsafe_values():
         bad()
 
 
+frame_calls = []
+
+
+@cache.cached("test/frame", version=1)
+def _table(n: int):
+    import pandas as pd
+
+    frame_calls.append(n)
+    cols = pd.MultiIndex.from_tuples([("tv", "mean"), ("tv", "se"), ("verdict", "")])
+    t = pd.DataFrame([[0.5, 0.1, "met"], [float("nan"), 0.2, "level"]], index=["flow", "vi"], columns=cols)
+    t.index.name = "row"
+    inner = pd.DataFrame({"k": [1, 2], "ok": [True, False]}, index=pd.Index([("a", 0), ("b", 1)], tupleize_cols=False))
+    t.attrs.update(selected="flow", n=n, validation=inner, runs={"test": 2})
+    return {"table": t, "theta": torch.ones(2)}
+
+
+def test_cached_functions_may_return_tables():
+    """A DataFrame (MultiIndex columns, NaN, strings, its attrs and a table inside them) comes back from a
+    cache entry equal to the one computed, and the entry still loads with ``weights_only``."""
+    import pandas as pd
+
+    frame_calls.clear()
+    first = _table(4)
+    second = _table(4)
+    assert frame_calls == [4]
+    pd.testing.assert_frame_equal(first["table"], second["table"])
+    pd.testing.assert_frame_equal(first["table"].attrs["validation"], second["table"].attrs["validation"])
+    assert second["table"].attrs["runs"] == {"test": 2} and second["table"].attrs["selected"] == "flow"
+    assert torch.load(_table.cache_path(4), weights_only=True)["value"]["theta"].shape == (2,)
+
+
 probe_calls = []
 
 

@@ -27,6 +27,7 @@ import json
 import math
 import os
 import re
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -138,6 +139,57 @@ def _canonical(value: Any) -> Any:
     raise TypeError(f"cannot build a cache key from an argument of type {type(value).__name__}")
 
 
+_FRAME = "$frame"   # the tag of an encoded DataFrame (a dict key no other cached value uses)
+
+
+def _encode_frames(value: Any) -> Any:
+    """``value`` with every pandas DataFrame in it (attrs included) as plain lists and dicts, so that cached
+    functions may return tables and entries still load with ``weights_only``."""
+    pd = sys.modules.get("pandas")
+    if pd is not None and isinstance(value, pd.DataFrame):
+        kinds = {str(t) for t in value.dtypes if t.kind not in "fiubO"}
+        if kinds:
+            raise TypeError(f"cannot cache a DataFrame with columns of dtype {sorted(kinds)}")
+        return {_FRAME: {"columns": value.columns.tolist(), "column_names": list(value.columns.names),
+                         "index": value.index.tolist(), "index_names": list(value.index.names),
+                         "multi": [isinstance(value.columns, pd.MultiIndex), isinstance(value.index, pd.MultiIndex)],
+                         "dtypes": [str(t) for t in value.dtypes],
+                         "data": [value.iloc[:, i].to_numpy(object).tolist() for i in range(value.shape[1])],
+                         "attrs": _encode_frames(dict(value.attrs))}}
+    if isinstance(value, dict):
+        return {k: _encode_frames(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_encode_frames(v) for v in value)
+    return value
+
+
+def _decode_frames(value: Any) -> Any:
+    """The inverse of :func:`_encode_frames`."""
+    if isinstance(value, dict) and set(value) == {_FRAME}:
+        import pandas as pd
+
+        f = value[_FRAME]
+
+        def index(values, names, multi):
+            return (pd.MultiIndex.from_tuples(values, names=names) if multi
+                    else pd.Index(values, name=names[0], tupleize_cols=False))
+
+        columns = enumerate(zip(f["data"], f["dtypes"]))
+        frame = pd.DataFrame({i: pd.Series(col, dtype=dtype) for i, (col, dtype) in columns},
+                             index=pd.RangeIndex(len(f["index"])))
+        frame.columns = index(f["columns"], f["column_names"], f["multi"][0])
+        frame.index = index(f["index"], f["index_names"], f["multi"][1])
+        frame.attrs.update(_decode_frames(f["attrs"]))
+        return frame
+    if isinstance(value, dict):
+        return {k: _decode_frames(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode_frames(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_decode_frames(v) for v in value)
+    return value
+
+
 def _check_value(value: Any, where: str = "result") -> None:
     if isinstance(value, dict):
         for k, v in value.items():
@@ -174,7 +226,7 @@ def load_entry(key: str, name: str, description: dict[str, Any], mmap: bool = Fa
         stored = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
         if not isinstance(stored, dict) or stored.get("description") != json.loads(json.dumps(description)):
             raise ValueError("stored description does not match the requested key")
-        return True, stored["value"]
+        return True, _decode_frames(stored["value"])
     except Exception as err:  # any unreadable entry is recomputed, never trusted
         reason = (str(err).strip().splitlines() or [""])[0][:200]
         warnings.warn(f"wsbook cache: entry {path.name} is unreadable ({type(err).__name__}: {reason}); recomputing",
@@ -184,6 +236,7 @@ def load_entry(key: str, name: str, description: dict[str, Any], mmap: bool = Fa
 
 def save_entry(key: str, name: str, description: dict[str, Any], value: Any) -> Path:
     """Write an entry atomically (temporary file in the same directory, then ``os.replace``)."""
+    value = _encode_frames(value)
     _check_value(value)
     path = _path(key, name)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,7 @@ Sizes come from :func:`wsbook.config.by_scale`; everything expensive goes throug
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -626,6 +627,26 @@ def verdict_table(zoo_name: str, candidates: dict[str, FlowConfig], n: int, step
     missing = [b for b in baselines if b not in candidates]
     if missing:
         raise ValueError(f"verdict_table: baselines {missing} are not among the candidates")
+    return with_floor(_verdict_table(zoo_name, targets.ZOOS[zoo_name], dict(candidates), int(n), int(steps),
+                                     tuple(baselines), tuple(seeds), goals))
+
+
+def floor_as_fields(table):
+    """``table`` with its ``attrs["floor"]`` as a dict of the floor's fields (what a cache entry can hold)."""
+    table.attrs["floor"] = dataclasses.asdict(table.attrs["floor"])
+    return table
+
+
+def with_floor(table):
+    """The inverse of :func:`floor_as_fields`."""
+    table.attrs["floor"] = protocol.Floor(**table.attrs["floor"])
+    return table
+
+
+@cached("flows/zoo_verdict", version=1)
+def _verdict_table(zoo_name: str, zoo: targets.ZooConfig, candidates: dict[str, FlowConfig], n: int, steps: int,
+                   baselines: tuple[str, ...], seeds: tuple[int, ...], goals: dict):
+    """:func:`verdict_table`, cached under the zoo's and the candidates' settings."""
     split = zoo_split(zoo_name)
     refs = references(split, n)
     validation = {label: score(sample_flow(zoo_name, cfg, n, steps=steps)[0], refs)
@@ -637,7 +658,7 @@ def verdict_table(zoo_name: str, candidates: dict[str, FlowConfig], n: int, step
     table = test_report(split, sets, n, **goals)
     protocol.versus_column(table, "MMD² vs baseline", "mmd_ratio", [chosen], baselines[0])
     table.attrs.update(selected=chosen, validation=validation)
-    return table
+    return floor_as_fields(table)
 
 
 # ---------------------------------------------------------------------------------------- steps and Adam

@@ -645,10 +645,21 @@ def verdict_table(task: str = "breast_cancer", n: int | None = None, seeds: tupl
     Returns the DataFrame with ``attrs``: ``selected``, ``validation`` (the table the choice read), ``n``,
     ``runs`` (:data:`HMC_RUNS`) and ``goal`` (*met* when the flow is closer than VI in both measures).
     """
-    from wsbook.experiments.tasks import posterior_sample_size, vi_posterior
+    from wsbook.experiments.tasks import posterior_sample_size, settings
 
-    n = posterior_sample_size() if n is None else n
-    validation = validation_scores(task, n)
+    n = posterior_sample_size() if n is None else int(n)
+    recipes = {name: _recipe(name) for name in FLOWS}
+    return _verdict_table(task, n, tuple(seeds), recipes, (settings("vi"), settings("hmc")), repeat_count())
+
+
+@cached("flows/posterior_verdict", version=1)
+def _verdict_table(task: str, n: int, seeds: tuple[int, ...], recipes: dict, methods: tuple, repeats: int):
+    """:func:`verdict_table`, cached under everything it reads besides the HMC runs' own entries: the
+    candidates' training settings (``recipes``), VI's and HMC's settings (``methods``), the validation
+    repeats."""
+    from wsbook.experiments.tasks import vi_posterior
+
+    validation = validation_scores(task, n, repeats)
     chosen = select_flow(validation)
     make, train = candidates(task)[chosen], targets.hmc_reference(task, HMC_RUNS["training"])
     sets: dict[str, list[Tensor]] = {HMC_ROW: [], chosen: [], FLOW_SOURCE_ROW: [], VI_ROW: [], MIXTURE_ROW: []}
