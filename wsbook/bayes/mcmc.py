@@ -166,9 +166,9 @@ def hmc(log_posterior: LogDensity, theta0: Tensor, *, n_samples: int, n_warmup: 
                 divergent_warmup = divergent.clone()
         else:
             accepted += accept.to(dtype)
-            if (it - n_warmup + 1) % thin == 0:
-                samples.append(theta.clone())
-                logps.append(lp.clone())
+            if (it - n_warmup + 1) % thin == 0:    # torch.where gave fresh tensors: kept without a copy
+                samples.append(theta)
+                logps.append(lp)
     seconds = time.perf_counter() - start
     n_kept_iters = total - n_warmup
     draws, draw_logps = torch.stack(samples), torch.stack(logps)
