@@ -13,7 +13,8 @@ from torch import nn
 from wsbook.nets import CNNSpec, MLPSpec
 from wsbook.symmetry import permute, random_permutation
 from wsbook.weightflow import (FIELDS, ChannelField, EuclideanChart, FlatField, GeometricChart, Guidance, NeuronField,
-                               NormalizedChart, WeightField, WeightFlow, chart_from_config, field_from_config)
+                               NeuronGraphField, NormalizedChart, WeightField, WeightFlow, chart_from_config,
+                               field_from_config)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -142,6 +143,70 @@ def test_channel_field_is_equivariant_to_channel_permutations(spec, attention):
     out = field(t, theta)
     assert out.shape == theta.shape and torch.isfinite(out).all()
     torch.testing.assert_close(field(t, permute(spec, theta, perms)), permute(spec, out, perms), atol=1e-5, rtol=1e-4)
+
+
+def test_channel_field_is_equivariant_to_each_layer_on_its_own():
+    """Permuting the channels of one convolution (and the inputs of the next) permutes the velocity the same way,
+    layer by layer, so no layer's channels are read in a fixed order or mixed with another layer's."""
+    spec = CNNSpec(2, (3, 4, 5), 3, 4)
+    torch.manual_seed(0)
+    field = ChannelField(spec, hidden=16, edge_dim=8, rounds=2)
+    for p in field.parameters():
+        if p.dim() == 2 and p.shape[0] == 2:
+            nn.init.normal_(p)
+    theta, t = zoo(spec, 3), torch.rand(3, generator=gen(2))
+    out = field(t, theta)
+    for layer in range(len(spec.channels)):
+        perms = [torch.arange(w).expand(3, w) for w in spec.channels]
+        perms[layer] = torch.rand(3, spec.channels[layer], generator=gen(10 + layer)).argsort(1)
+        moved = permute(spec, theta, perms)
+        assert not torch.allclose(moved, theta)
+        torch.testing.assert_close(field(t, moved), permute(spec, out, perms), atol=1e-5, rtol=1e-4)
+
+
+def test_channel_field_writes_every_channel_and_kernel_to_its_own_weights():
+    """With the decoders zeroed, the output is the per-coordinate linear term: built by hand from the kernel layout
+    [out, in, k, k], each first-layer channel's kernel and bias, each kernel between convolutions and the head's
+    column of each last-layer channel must be scaled by their own factors and land on their own coordinates."""
+    spec = CNNSpec(2, (3, 4, 5), 3, 6)
+    field = ChannelField(spec, hidden=8, edge_dim=4).zero_()
+    g = gen(0)
+    with torch.no_grad():
+        for p in [*field.linear_nodes, *field.linear_edges]:
+            p.copy_(torch.randn(p.shape, generator=g))
+    theta, t = zoo(spec, 2), torch.tensor([0.3, 0.8])
+    (w1, w2, w3, w4), (b1, b2, b3, _) = spec.weights(theta), spec.biases(theta)
+    n1, n3, e1, e2 = field.linear_nodes[0], field.linear_nodes[2], field.linear_edges[0], field.linear_edges[1]
+    c = lambda lin: lin[0] + t.reshape(-1, *([1] * lin[0].dim())) * lin[1]       # a + b t per row
+    expected = spec.pack(
+        [w1 * c(n1[:, :18]).reshape(2, 1, 2, 3, 3), w2 * c(e1).reshape(2, 1, 1, 3, 3),
+         w3 * c(e2).reshape(2, 1, 1, 3, 3), w4 * c(n3[:, 1:])[:, :, None]],
+        [b1 * c(n1[:, 18:19]), b2 * c(field.linear_nodes[1]), b3 * c(n3[:, :1]), torch.zeros(2, 6)])
+    torch.testing.assert_close(field(t, theta), expected)
+
+
+@pytest.mark.parametrize("anchored", [False, True])
+def test_channel_field_on_1x1_kernels_is_the_neuron_graph_field(anchored):
+    """A CNN of 1x1 kernels is an MLP on each pixel and has the MLP's flat layout: with the same parameters the
+    channel field computes exactly the neuron graph field's velocity (same nodes, edges, rounds and readouts)."""
+    cnn, mlp = CNNSpec(3, (4, 5, 2), 1, 3), MLPSpec((3, 4, 5, 2, 3))
+    assert cnn.n_params == mlp.n_params
+    torch.manual_seed(0)
+    channel = ChannelField(cnn, hidden=16, edge_dim=8, rounds=2, anchored=anchored)
+    neuron = NeuronGraphField(mlp, hidden=16, edge_dim=8, rounds=2, anchored=anchored)
+    g = gen(1)
+    with torch.no_grad():                          # random values everywhere, the zero-initialised terms included
+        for p in channel.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    state = channel.state_dict()
+    edges = torch.cat([state.pop(f"linear_edges.{k}") for k in range(2)], 1)        # [2, 1] per kernel set
+    state["linear_edges"] = edges
+    neuron.load_state_dict({k: v.reshape(neuron.state_dict()[k].shape) for k, v in state.items()})
+    theta, t = zoo(cnn, 3), torch.rand(3, generator=gen(2))
+    if anchored:
+        channel.set_anchor(theta[0])
+        neuron.set_anchor(theta[0])
+    torch.testing.assert_close(channel(t, theta), neuron(t, theta), atol=1e-6, rtol=1e-5)
 
 
 def test_anchored_channel_field_is_equivariant_in_the_pair():
