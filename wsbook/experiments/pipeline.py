@@ -190,7 +190,7 @@ def score(target: str, theta: Tensor, refs: flows.References | None = None, *, d
         ds, spec = tasks.get_task(task).data(), targets.hmc_reference(task, pf.HMC_RUNS["training"]).spec
         probs = targets.predictive_probs(spec, spec.check(theta, "theta"), ds.x_test)
         return flows.probability_scores(probs, ds.y_test, generator=torch.Generator().manual_seed(seed)) \
-            | pf.validation_distances(task, theta, seed)
+            | pf.validation_distances(task, theta, seed, probs=probs)
     if data is not None:
         if refs is not None:
             raise ValueError("score: references are the zoo's runs on the zoo's data; pass data or refs, not both")

@@ -458,16 +458,18 @@ def _distances_to_run1(task: str, seed: int = 0):
     return lambda probs: dict(zip(("tv_run1", "mmd2_run1"), to(probs)))
 
 
-def validation_distances(task: str, theta: Tensor, seed: int = 0) -> dict[str, float]:
+def validation_distances(task: str, theta: Tensor, seed: int = 0, probs: Tensor | None = None) -> dict[str, float]:
     """How close networks ``theta [n, D]`` of ``task``'s posterior are to the validation HMC run (the run
     every choice reads; the test run is read only by :func:`verdict_table`): ``tv`` (total variation of
     their model average to the run's on the test inputs) and ``mmd2`` (function-space MMD², the bandwidth
-    of :func:`methods_table`)."""
+    of :func:`methods_table`). ``probs``: the networks' predictive probabilities on the test inputs, when
+    the caller has them already."""
     from wsbook.experiments.tasks import get_task
 
-    spec, x = targets.hmc_reference(task, HMC_RUNS["training"]).spec, get_task(task).data().x_test
-    with torch.no_grad():
-        probs = targets.predictive_probs(spec, spec.check(theta, "theta"), x)
+    if probs is None:
+        spec, x = targets.hmc_reference(task, HMC_RUNS["training"]).spec, get_task(task).data().x_test
+        with torch.no_grad():
+            probs = targets.predictive_probs(spec, spec.check(theta, "theta"), x)
     tv, mm = _distances_to(task, targets.hmc_reference(task, HMC_RUNS["validation"]), seed)(probs)
     return {"tv": tv, "mmd2": mm}
 
