@@ -5,7 +5,7 @@ Chapters run at ``ci`` scale unless ``WSBOOK_SCALE`` is set (the Makefile sets `
 build reuses what the chapter run computed.
 
 With ``WSBOOK_STRICT_CHAPTERS=1`` (``make test`` sets it) the chapters gate first runs ``python -m wsbook`` for
-the command-line groups of the selected chapters (``chapter/08``, ``chapter/08b``, ``chapter/08c``,
+the command-line groups of the selected chapters (``chapter/08``, ``chapter/08b``, ``chapter/08c``, ``chapter/08d``,
 ``chapter/09``) into the gate's cache directory, then runs the chapters with ``WSBOOK_CACHE_STRICT=flows/``
 (:mod:`wsbook.cache`): a flow the chapters train or sample that the command line does not precompute fails
 its chapter instead of being computed there.

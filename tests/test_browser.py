@@ -147,6 +147,7 @@ def test_chapter_page_reads_cleanly(server, browser, page):
 RESULT_FIGURES = {
     "08b_mnist.html": ("fig-mn-accuracy", "fig-mn-pca", "fig-mn-first-layer"),
     "08c_posterior.html": ("fig-post-points", "fig-post-reliability"),
+    "08d_cnn.html": ("fig-cnn-accuracy", "fig-cnn-filters"),
 }
 
 

@@ -85,7 +85,8 @@ def test_full_mnist_zoo_is_listed_and_needs_its_files(env, capsys, monkeypatch):
     monkeypatch.setenv("WSBOOK_MNIST_DIR", str(env))
     assert "t10k-images-idx3-ubyte" in _one_line_error(capsys, ["zoo/mnist"], 2)
     registry, skipped = cli.artifacts(), {}
-    assert cli.select(["zoos"], registry, skipped) == ["zoo/breast_cancer", "zoo/mnist5k", "zoo/mnist5k_w32"]
+    assert cli.select(["zoos"], registry, skipped) == ["zoo/breast_cancer", "zoo/mnist5k", "zoo/mnist5k_w32",
+                                                      "zoo/cnn_digits"]
     assert list(skipped) == ["zoo/mnist"] and "t10k-images-idx3-ubyte" in skipped["zoo/mnist"]
     assert not list((env / "cache").rglob("*.pt"))
 
@@ -117,11 +118,13 @@ def test_command_line_computes_under_strict_mode_and_puts_it_back(env, capsys, m
 
 
 def test_chapter_groups_name_the_results_chapters_flows(env):
-    """Every artifact that precomputes a flow of chapters 8, 8b and 8c is in its chapter's group."""
+    """Every artifact that precomputes a flow of chapters 8, 8b, 8c and 8d is in its chapter's group."""
     registry = cli.artifacts()
-    chosen = {g: set(cli.select([g], registry)) for g in ("chapter/08", "chapter/08b", "chapter/08c", "chapter/09")}
+    chosen = {g: set(cli.select([g], registry))
+              for g in ("chapter/08", "chapter/08b", "chapter/08c", "chapter/08d", "chapter/09")}
     assert {n for n in registry if n.startswith(("flow/", "verdict/")) and "mnist" not in n
-            and "posterior" not in n} <= chosen["chapter/08"]
+            and "posterior" not in n and "cnn" not in n} <= chosen["chapter/08"]
+    assert {n for n in registry if n.startswith(("flow/cnn/", "verdict/cnn"))} <= chosen["chapter/08d"]
     assert {"verdict/mnist5k", "flow/mnist/guidance", "flow/mnist/width_transfer", "flow/mnist/second_task",
             "flow/mnist/field_size", "flow/mnist/plain_baseline"} <= chosen["chapter/08b"]
     assert {n for n in registry if n.startswith("flow/posterior/")} <= chosen["chapter/08c"]

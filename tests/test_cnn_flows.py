@@ -400,3 +400,19 @@ def test_clear_errors_on_bad_cnn_input():
         ChannelField(spec, hidden=8).with_spec(CNNSpec(1, (4, 6), 5, 3))
     with pytest.raises(ValueError, match="parameters per network"):
         GeometricChart(spec).to_points(torch.zeros(2, spec.n_params + 1))
+
+
+def test_first_layer_tiles_of_a_cnn_are_its_filters():
+    """figures.neuron_tiles draws a one-channel CNN's first-layer filters, one k x k tile each, scaled to
+    its largest weight: network i's filter j sits in row i, column j."""
+    from wsbook.figures import neuron_tiles
+
+    spec = CNNSpec(1, (3, 2), kernel_size=3, n_classes=4)
+    theta = torch.randn(2, spec.n_params, generator=torch.Generator().manual_seed(0))
+    image = neuron_tiles(spec, theta, gap=1)
+    assert image.shape == (2 * 4 - 1, 3 * 4 - 1)
+    w = spec.weights(theta)[0]                                       # [2, 3, 1, 3, 3]
+    tile = torch.as_tensor(image[4:7, 8:11]).float()                 # network 1, filter 2
+    assert torch.allclose(tile, (w[1, 2, 0] / w[1, 2].abs().max()).float(), atol=1e-6)
+    with pytest.raises(ValueError, match="one input channel"):
+        neuron_tiles(CNNSpec(2, (3,)), torch.zeros(1, CNNSpec(2, (3,)).n_params))

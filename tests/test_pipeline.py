@@ -11,7 +11,7 @@ from wsbook import cli
 from wsbook.experiments import flows, mnist_flows as mf, pipeline, posterior_flows as pf
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS_CHAPTERS = ("08_results", "08b_mnist", "08c_posterior", "09_discussion")
+RESULTS_CHAPTERS = ("08_results", "08b_mnist", "08c_posterior", "08d_cnn", "09_discussion")
 
 
 def test_every_target_lists_its_flows_by_the_names_of_the_tables():

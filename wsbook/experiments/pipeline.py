@@ -28,7 +28,7 @@ from wsbook import config
 from wsbook.experiments import flows, mnist_flows as mf, posterior_flows as pf, targets, tasks
 
 #: the zoo targets and the posterior targets
-ZOO_TARGETS = ("breast_cancer", "mnist5k")
+ZOO_TARGETS = ("breast_cancer", "mnist5k", "cnn_digits")
 POSTERIOR_TARGETS = ("posterior/breast_cancer",)
 TARGETS = ZOO_TARGETS + POSTERIOR_TARGETS
 
@@ -63,6 +63,8 @@ def recipes(target: str) -> dict[str, Recipe]:
         return {name: Recipe(target, name, cfg) for name, cfg in flows.breast_cancer_candidates().items()}
     if target == "mnist5k":
         return {name: Recipe(target, name, mf.recipe_config(name)) for name in mf.RECIPES}
+    if target == "cnn_digits":
+        return {name: Recipe(target, name, cfg) for name, cfg in flows.cnn_candidates().items()}
     st = pf.flow_settings()
     return {f"{chart} flow": Recipe(target, f"{chart} flow", st) for chart in pf.CHARTS} | {
         pf.DENSITY_FLOWS[1]: Recipe(target, pf.DENSITY_FLOWS[1], (st, pf.kl_settings()), "draws, then density"),

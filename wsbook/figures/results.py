@@ -21,34 +21,42 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from wsbook.figures import style
-from wsbook.nets import MLPSpec
+from wsbook.nets import CNNSpec, MLPSpec
 
 
 def _color(name: str, colors: Mapping[str, str] | None) -> str:
     return (colors or {}).get(name) or style.color(name)
 
 
-def neuron_tiles(spec: MLPSpec, theta: Tensor, cols: int | None = None, gap: int = 1) -> np.ndarray:
+def neuron_tiles(spec: MLPSpec | CNNSpec, theta: Tensor, cols: int | None = None, gap: int = 1) -> np.ndarray:
     """The first layer's incoming weights of networks ``theta [n, D]`` as one image of tiles.
 
     Every hidden neuron's ``widths[0]`` weights (a square number: 784 for 28x28 images) become one square
-    tile, divided by the neuron's largest absolute weight so that every tile spans ``[-1, 1]`` and the
-    pattern, not the scale, is compared (canonical networks carry a neuron's scale elsewhere). Each network
-    fills ``ceil(H / cols)`` rows of ``cols`` tiles, networks one below the other; ``gap`` rows and
-    columns of NaN (drawn blank) separate the tiles.
+    tile; for a CNN with one input channel, every filter of the first convolution is one tile. A tile is
+    divided by its largest absolute weight so that every tile spans ``[-1, 1]`` and the pattern, not the
+    scale, is compared (canonical networks carry a neuron's scale elsewhere). Each network fills
+    ``ceil(H / cols)`` rows of ``cols`` tiles, networks one below the other; ``gap`` rows and columns of
+    NaN (drawn blank) separate the tiles.
 
     Returns an array ``[rows * (side + gap) - gap, cols * (side + gap) - gap]``.
 
     Args:
-        spec: the architecture (its input must be a square image).
+        spec: the architecture (an MLP's input must be a square image; a CNN's, one channel).
         theta: the networks.
         cols: tiles per row (default: the hidden width).
         gap: blank pixels between tiles.
     """
-    side = int(round(spec.widths[0] ** 0.5))
-    if side * side != spec.widths[0]:
-        raise ValueError(f"neuron_tiles: {spec.widths[0]} inputs are not a square image")
-    w = spec.weights(spec.check(theta).detach().cpu().float())[0]          # [n, H, side * side]
+    theta = spec.check(theta).detach().cpu().float()
+    if isinstance(spec, CNNSpec):
+        if spec.in_channels != 1:
+            raise ValueError(f"neuron_tiles: draws the filters of one input channel; got {spec.in_channels}")
+        side = spec.kernel_size
+        w = spec.weights(theta)[0].flatten(2)                                   # [n, C, k * k]
+    else:
+        side = int(round(spec.widths[0] ** 0.5))
+        if side * side != spec.widths[0]:
+            raise ValueError(f"neuron_tiles: {spec.widths[0]} inputs are not a square image")
+        w = spec.weights(theta)[0]                                              # [n, H, side * side]
     n, h = w.shape[:2]
     cols = h if cols is None else int(cols)
     if cols < 1:
@@ -65,7 +73,7 @@ def neuron_tiles(spec: MLPSpec, theta: Tensor, cols: int | None = None, gap: int
     return image
 
 
-def first_layer_images(sets: Mapping[str, tuple[MLPSpec, Tensor]], *, cols: int | Mapping[str, int] | None = None,
+def first_layer_images(sets: Mapping[str, tuple[MLPSpec | CNNSpec, Tensor]], *, cols: int | Mapping[str, int] | None = None,
                        title: str = "", colorscale: str = "RdBu_r") -> go.Figure:
     """One panel per set of networks, each hidden neuron's incoming weights drawn as an image
     (:func:`neuron_tiles`), on one diverging colour scale centred at 0 (red positive, blue negative).

@@ -57,6 +57,9 @@ METHOD_LABELS: dict[str, str] = {
     "sign_aware_weight_matching": "sign-aware weight matching", "pna": "PNA",
     "relational_transformer": "relational transformer", "mlp": "MLP", "mlp_augmented": "MLP (augmented)",
     "kendall_tau": "Kendall τ", "r2": "R²",
+    # the CNN page's flows (wsbook.experiments.flows.cnn_candidates)
+    "channel_euclidean_aligned_ot": "channel field, Euclidean, aligned + OT",
+    "channel_geometric_aligned_ot": "channel field, Geometric, aligned + OT",
     # metric columns
     "nll": "test NLL", "ece": "ECE", "brier": "Brier", "accuracy": "accuracy",
     "agreement": "agreement with HMC", "tv": "total variation to HMC", "seconds": "seconds",
