@@ -128,4 +128,5 @@ def test_chapter_groups_name_the_results_chapters_flows(env):
     assert {"verdict/mnist5k", "flow/mnist/guidance", "flow/mnist/width_transfer", "flow/mnist/second_task",
             "flow/mnist/field_size", "flow/mnist/plain_baseline"} <= chosen["chapter/08b"]
     assert {n for n in registry if n.startswith("flow/posterior/")} <= chosen["chapter/08c"]
-    assert chosen["chapter/09"] <= set.union(*(chosen[g] for g in ("chapter/08", "chapter/08b", "chapter/08c")))
+    assert chosen["chapter/09"] <= set.union(*(chosen[g] for g in ("chapter/08", "chapter/08b", "chapter/08c",
+                                                                   "chapter/08d")))
