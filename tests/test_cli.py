@@ -86,7 +86,7 @@ def test_full_mnist_zoo_is_listed_and_needs_its_files(env, capsys, monkeypatch):
     assert "t10k-images-idx3-ubyte" in _one_line_error(capsys, ["zoo/mnist"], 2)
     registry, skipped = cli.artifacts(), {}
     assert cli.select(["zoos"], registry, skipped) == ["zoo/breast_cancer", "zoo/mnist5k", "zoo/mnist5k_w32",
-                                                      "zoo/cnn_digits"]
+                                                      "zoo/cnn_digits", "zoo/cnn_digits_w16"]
     assert list(skipped) == ["zoo/mnist"] and "t10k-images-idx3-ubyte" in skipped["zoo/mnist"]
     assert not list((env / "cache").rglob("*.pt"))
 
@@ -125,6 +125,7 @@ def test_chapter_groups_name_the_results_chapters_flows(env):
     assert {n for n in registry if n.startswith(("flow/", "verdict/")) and "mnist" not in n
             and "posterior" not in n and "cnn" not in n} <= chosen["chapter/08"]
     assert {n for n in registry if n.startswith(("flow/cnn/", "verdict/cnn"))} <= chosen["chapter/08d"]
+    assert {"zoo/cnn_digits", "zoo/cnn_digits_w16", "flow/cnn/width_transfer"} <= chosen["chapter/08d"]
     assert {"verdict/mnist5k", "flow/mnist/guidance", "flow/mnist/width_transfer", "flow/mnist/second_task",
             "flow/mnist/field_size", "flow/mnist/plain_baseline"} <= chosen["chapter/08b"]
     assert {n for n in registry if n.startswith("flow/posterior/")} <= chosen["chapter/08c"]

@@ -416,3 +416,57 @@ def test_first_layer_tiles_of_a_cnn_are_its_filters():
     assert torch.allclose(tile, (w[1, 2, 0] / w[1, 2].abs().max()).float(), atol=1e-6)
     with pytest.raises(ValueError, match="one input channel"):
         neuron_tiles(CNNSpec(2, (3,)), torch.zeros(1, CNNSpec(2, (3,)).n_params))
+
+
+# ------------------------------------------------------------------------------------------ width transfer
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+def test_packed_cnns_compute_the_mean_of_their_members_logits(spec):
+    """pack_cnns puts k CNNs side by side: the packed network's logits are the mean of the members' logits,
+    and the kernels between two members are zero (block-diagonal)."""
+    from wsbook.nets import pack_cnns
+
+    theta, x = zoo(spec, 6), images(spec)
+    for k in (1, 2, 3):
+        wide, packed = pack_cnns(spec, theta, k)
+        assert wide.channels == tuple(c * k for c in spec.channels) and packed.shape == (6 // k, wide.n_params)
+        mean = outputs(spec, theta, x).reshape(6 // k, k, x.shape[0], -1).mean(1)
+        torch.testing.assert_close(outputs(wide, packed, x), mean, atol=1e-5, rtol=1e-5)
+        for w, c_out, c_in in zip(wide.weights(packed)[1:-1], spec.channels[1:], spec.channels[:-1]):
+            blocks = w.reshape(6 // k, k, c_out, k, c_in, -1)
+            off = ~torch.eye(k, dtype=torch.bool)
+            assert (blocks.permute(1, 3, 0, 2, 4, 5)[off] == 0).all()
+    with pytest.raises(ValueError, match="whole groups"):
+        pack_cnns(spec, theta, 4)
+
+
+def test_width_transfer_rows_at_a_tiny_size():
+    """flows.transfer_rows on a tiny zoo of random 1-2-2-10 CNNs, two flows trained for 2 steps and a random
+    'wide' zoo of 1-4-4-10 CNNs: every row of TRANSFER_ROWS with finite means and standard errors, and the
+    verdicts on the flow's row only."""
+    from wsbook.experiments import flows, protocol, targets
+
+    spec, wide_spec = CNNSpec(1, (2, 2), 3, 10), CNNSpec(1, (4, 4), 3, 10)
+    cfg = targets.CNNZooConfig("digits", (1, 2, 2, 10), "adam", 1e-2, epochs=1, discard_epochs=0, every=1)
+
+    def fake_zoo(s, runs, per_run, seed):
+        n = runs * per_run
+        return targets.Zoo("tiny", s, s.init(n, generator=gen(seed)), torch.arange(runs).repeat_interleave(per_run),
+                           torch.arange(per_run).repeat(runs) + 1, cfg, 0.0)
+
+    split = protocol.split_runs(fake_zoo(spec, 7, 3, 0), 2)
+    trained = {}
+    for seed in (1, 2):
+        flow = WeightFlow(EuclideanChart(spec), ChannelField(spec, hidden=8, edge_dim=4), coupling="ot",
+                          align_pairs=True)
+        flow.fit(split.train.theta, steps=2, batch_size=4, generator=gen(seed))
+        trained[seed] = flow
+    out = flows.transfer_rows(split, fake_zoo(wide_spec, 2, 3, 1), trained, n=4, steps=2,
+                              accuracy_gap=flows.ACCURACY_GAP)
+    rows = out["rows"]
+    assert list(rows) == list(flows.TRANSFER_ROWS) and out["k"] == 2 and out["seeds"] == [1, 2]
+    assert rows["trained wide zoo"]["seeds"] == 2 and rows["packed ensemble"]["seeds"] == 2
+    for row in rows.values():
+        for col in ("accuracy", "nll", "bma_accuracy"):
+            assert math.isfinite(row[col]) and math.isfinite(row[f"{col}_se"]) and row[f"{col}_se"] >= 0
+    assert rows["flow at the new width"]["transfer verdict"] in protocol.VERDICTS
+    assert rows["packed ensemble"]["transfer verdict"] == "—"

@@ -275,6 +275,10 @@ def artifacts() -> dict[str, Artifact]:
     out.append(Artifact("verdict/cnn_digits", "the CNN flow chosen on validation runs and the plain baseline, "
                         f"trained with seeds {protocol.SEEDS} and sampled (chapter 8d's test verdict)",
                         _one_thread(flows.cnn_verdict_table)))
+    out.append(Artifact("flow/cnn/width_transfer", "16-channel CNNs from the chosen channel flow trained without "
+                        f"its anchor on 8-channel ones, with seeds {protocol.SEEDS}, beside packed ensembles of its "
+                        "8-channel samples and the trained 16-channel zoo (chapter 8d)",
+                        _one_thread(flows.cnn_width_transfer)))
     out.append(Artifact("flow/mnist/guidance", "the best MNIST flow's samples guided by the task loss, every weight "
                         "the validation split chooses from (chapter 8b)", _one_thread(mnist_guidance)))
     out.append(Artifact("flow/mnist/width_transfer", "784-32-10 samples of the flows trained on 784-10-10 networks "
@@ -319,7 +323,7 @@ def groups() -> dict[str, Callable[[], list[str]]]:
         "chapter/08b": lambda: ["zoo/mnist5k", "zoo/mnist5k_w32", *mnist_flows(), "verdict/mnist5k",
                                 "flow/mnist/guidance", "flow/mnist/width_transfer", "flow/mnist/second_task",
                                 "flow/mnist/field_size"],
-        "chapter/08d": lambda: ["zoo/cnn_digits", "flow/cnn/*", "verdict/cnn_digits"],
+        "chapter/08d": lambda: ["zoo/cnn_digits", "zoo/cnn_digits_w16", "flow/cnn/*", "verdict/cnn_digits"],
         "chapter/08c": lambda: ["zoo/breast_cancer", "hmc/breast_cancer/*", "hmc/mnist5k/0",
                                 "posterior/breast_cancer/*", "flow/posterior/*", "verdict/posterior"],
         # the discussion quotes chapters 8, 8b, 8c and 8d
@@ -328,7 +332,8 @@ def groups() -> dict[str, Callable[[], list[str]]]:
                                *mnist_flows(), "verdict/mnist5k", "flow/mnist/width_transfer",
                                *(flow_artifact(f"posterior/{BC}", name) for name in pf.FLOWS),
                                "flow/posterior/importance", "flow/posterior/mnist5k_cost",
-                               "verdict/posterior", "zoo/cnn_digits", "flow/cnn/*", "verdict/cnn_digits"],
+                               "verdict/posterior", "zoo/cnn_digits",
+                               *(flow_artifact(CNN, name) for name in flows.cnn_candidates()), "verdict/cnn_digits"],
     }
 
 

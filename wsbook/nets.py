@@ -549,6 +549,38 @@ class CNNSpec:
         return torch.stack(rows)
 
 
+def pack_cnns(spec: CNNSpec, members: Tensor, k: int) -> tuple[CNNSpec, Tensor]:
+    """Pack every ``k`` consecutive CNNs of ``members [n * k, D]`` side by side into one CNN with ``k`` times
+    the hidden channels: ``(wide spec, theta [n, D_wide])``.
+
+    Member ``m`` of a packed network owns channels ``m * c_h, ..., (m + 1) * c_h - 1`` of every hidden layer:
+    the first convolution stacks the members' filters, every later convolution is block-diagonal (a filter
+    reads only the channels of its own member; the kernels between members are zero), and the head reads
+    all channels with the members' weights divided by ``k`` and the mean of their biases. Pooling and the
+    head are linear, so the packed network's logits are the mean of its members' logits (a packed
+    ensemble: one wide network that computes the average of ``k`` narrow ones).
+    """
+    members = spec.check(members, "members")
+    k = _positive_int(k, "pack_cnns k")
+    if members.shape[0] % k:
+        raise ValueError(f"pack_cnns: {members.shape[0]} networks do not make whole groups of k={k}")
+    n = members.shape[0] // k
+    wide = CNNSpec(spec.in_channels, tuple(c * k for c in spec.channels), spec.kernel_size, spec.n_classes,
+                   spec.activation)
+    ws = [w.reshape(n, k, *w.shape[1:]) for w in spec.weights(members)]        # [n, k, out, in, ...]
+    bs = [b.reshape(n, k, -1) for b in spec.biases(members)]
+    weights = [ws[0].flatten(1, 2)]                                            # [n, k * c_1, in, kk, kk]
+    for w in ws[1:-1]:
+        out_c, in_c = w.shape[2], w.shape[3]
+        block = w.new_zeros(n, k, out_c, k, in_c, *w.shape[4:])
+        for m in range(k):
+            block[:, m, :, m] = w[:, m]
+        weights.append(block.reshape(n, k * out_c, k * in_c, *w.shape[4:]))
+    weights.append(ws[-1].permute(0, 2, 1, 3).reshape(n, spec.n_classes, -1) / k)
+    biases = [b.flatten(1) for b in bs[:-1]] + [bs[-1].mean(1)]
+    return wide, wide.pack(weights, biases)
+
+
 # ------------------------------------------------------------------ training
 def output_loss(out: Tensor, y: Tensor, task: str = "classification") -> Tensor:
     """Mean loss ``[B]`` of every member's outputs ``out [B, N, out]`` against targets ``y``: cross-entropy for

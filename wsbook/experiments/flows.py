@@ -236,6 +236,134 @@ def cnn_verdict_table():
     return verdict_table("cnn_digits", cnn_candidates(), *cnn_sizes(), accuracy_gap=ACCURACY_GAP)
 
 
+#: the trained wider CNNs chapter 8d's width transfer is read against (the recipe of ``"cnn_digits"`` with
+#: twice the hidden channels)
+CNN_WIDE_ZOO = "cnn_digits_w16"
+#: checkpoints of each run of the wider zoo that :func:`transfer_rows` scores (evenly spaced over the run)
+WIDE_CHECKPOINTS = 16
+#: the rows of :func:`cnn_width_transfer`, in order
+TRANSFER_ROWS = ("trained wide zoo", "flow at the new width", "packed ensemble", "probability average",
+                 "flow at its training width")
+
+
+def unanchored_config(cfg: FlowConfig) -> FlowConfig:
+    """The flow ``cfg`` without its anchor: the same chart, field and training, every target aligned to its
+    source partner instead (as on a chart without a reference). An anchored field reads an anchor network of
+    one architecture; without it the field has no parameter that depends on a hidden width
+    (:meth:`~wsbook.weightflow.WeightFlow.with_spec`)."""
+    return dataclasses.replace(cfg, anchored=False, align_pairs=True)
+
+
+def cnn_width_transfer(chosen: str | None = None, *, seeds: tuple[int, ...] = protocol.SEEDS):
+    """Chapter 8d's width transfer: the channel flow chosen on validation runs (``chosen``, default the
+    choice of :func:`cnn_verdict_table`), trained without its anchor (:func:`unanchored_config`) on the
+    8-channel zoo once per seed of ``seeds``, samples 16-channel CNNs, read against the trained 16-channel
+    zoo :data:`CNN_WIDE_ZOO` and against two baselines built from ``k`` (the ratio of the widths)
+    independent 8-channel samples of the same flow: packed side by side into one wide network
+    (:func:`~wsbook.nets.pack_cnns`) and their probability average. Every row is scored by
+    :func:`probability_scores` on the digits test split.
+
+    A flow sample at the new width has every layer that reads the hidden channels (the second convolution,
+    the head) divided by the width ratio, so that its sums over channels stay averages (as the MLP pages'
+    transfer scales its outgoing weights).
+
+    Returns a DataFrame, one row per :data:`TRANSFER_ROWS`: ``seeds`` (the units of the standard error:
+    training seeds for the flow rows, runs for the trained zoo), the mean and standard error (``*_se``) of
+    ``accuracy``, ``nll`` and ``bma_accuracy``, and two verdict columns for the flow at the new width: its
+    accuracy within :data:`ACCURACY_GAP` of the trained zoo's (``gap verdict``) and above the packed
+    ensemble's (``vs packed ensemble``), each beyond two standard errors (:func:`protocol.verdict`,
+    :func:`protocol.versus`); ``transfer verdict`` is ``"met"`` when both are, ``"missed"`` when either is,
+    ``"level"`` otherwise. ``attrs`` holds the flow's label, the widths, ``k``, ``n`` and the seeds.
+    """
+    import pandas as pd
+
+    if chosen is None:
+        chosen = cnn_verdict_table().attrs["selected"]
+    candidates = cnn_candidates()
+    if candidates[chosen].field != "channel":
+        raise ValueError(f"cnn_width_transfer: {chosen!r} is not a channel flow (the plain baseline reads a weight "
+                         "vector of one length and cannot change width)")
+    n, steps = cnn_sizes()
+    cfg = unanchored_config(candidates[chosen])
+    # `ci` checks the computation with a third of the chosen flow's steps (three trainings cost too much there)
+    cfg = dataclasses.replace(cfg, steps=config.by_scale(ci=cfg.steps // 3, default=cfg.steps, full=cfg.steps))
+    out = _cnn_width_transfer("cnn_digits", targets.ZOOS["cnn_digits"], CNN_WIDE_ZOO, targets.ZOOS[CNN_WIDE_ZOO],
+                              targets.zoo_runs(CNN_WIDE_ZOO), cfg, int(n), int(steps), tuple(int(s) for s in seeds),
+                              ACCURACY_GAP)
+    table = pd.DataFrame(out["rows"]).T.loc[list(TRANSFER_ROWS)]
+    table.attrs.update({k: v for k, v in out.items() if k != "rows"}, chosen=chosen)
+    return table
+
+
+def transfer_rows(split: protocol.RunSplit, wide: targets.Zoo, trained: dict[int, WeightFlow], n: int, steps: int,
+                  accuracy_gap: float) -> dict:
+    """The computation of :func:`cnn_width_transfer` (uncached): the flows ``trained`` (one per seed, trained on
+    the networks of ``split``) against the trained wider zoo ``wide``, every set drawn with ``n`` networks and
+    ``steps`` midpoint steps from the source points of seed ``seed + 1``. Returns ``{"rows": {row: columns},
+    "k", "n", "seeds", ...}`` (the columns of :func:`cnn_width_transfer`)."""
+    from wsbook.nets import pack_cnns
+
+    if len(trained) < 2:
+        raise ValueError("transfer_rows: a standard error needs flows of at least 2 seeds")
+    spec, wide_spec, ds = split.spec, wide.spec, split.data
+    k = wide_spec.channels[0] // spec.channels[0]
+    if tuple(c * k for c in spec.channels) != wide_spec.channels:
+        raise ValueError(f"transfer_rows: {wide_spec} does not have {k} times the channels of {spec}")
+    y = ds.y_test
+
+    def probs(s, theta):
+        return targets.predictive_probs(s, theta, ds.x_test)
+
+    def scores(p, seed):
+        return probability_scores(p, y, generator=torch.Generator().manual_seed(seed), diversity=False)
+
+    def draw(flow, size, seed):
+        with torch.no_grad():
+            return flow.sample(size, steps=steps, method="midpoint", generator=torch.Generator().manual_seed(seed))
+
+    per: dict[str, list[dict]] = {r: [] for r in TRANSFER_ROWS}
+    for run in wide.runs.tolist():    # the trained zoo: one unit per run, WIDE_CHECKPOINTS of it evenly spaced
+        theta = wide.theta[wide.run == run]
+        pick = torch.linspace(0, len(theta) - 1, min(WIDE_CHECKPOINTS, len(theta))).round().long()
+        per["trained wide zoo"].append(scores(probs(wide_spec, theta[pick.to(theta.device)]), run))
+    for seed, flow in trained.items():
+        theta = draw(flow.with_spec(wide_spec), n, seed + 1)
+        ws, bs = wide_spec.weights(theta), wide_spec.biases(theta)
+        theta = wide_spec.pack([ws[0], *(w / k for w in ws[1:])], bs)       # sums over channels stay averages
+        per["flow at the new width"].append(scores(probs(wide_spec, theta), seed))
+        narrow = draw(flow, n * k, seed + 1)                                 # k independent members per network
+        per["packed ensemble"].append(scores(probs(wide_spec, pack_cnns(spec, narrow, k)[1]), seed))
+        members = probs(spec, narrow)
+        per["probability average"].append(scores(members.reshape(n, k, *members.shape[1:]).mean(1), seed))
+        per["flow at its training width"].append(scores(members[::k], seed))
+    rows = {}
+    for label, units in per.items():
+        rows[label] = {"seeds": len(units)}
+        for col in ("accuracy", "nll", "bma_accuracy"):
+            rows[label][col], rows[label][f"{col}_se"] = protocol.mean_se([u[col] for u in units])
+    new, zoo_row, packed = (rows[r] for r in ("flow at the new width", "trained wide zoo", "packed ensemble"))
+    gap = protocol.verdict(zoo_row["accuracy"] - new["accuracy"], math.hypot(zoo_row["accuracy_se"],
+                                                                             new["accuracy_se"]), accuracy_gap)
+    above = protocol.versus(new["accuracy"], new["accuracy_se"], packed["accuracy"], packed["accuracy_se"], "higher")
+    verdicts = {"gap verdict": gap, "vs packed ensemble": above,
+                "transfer verdict": "met" if gap == above == "met" else
+                "missed" if "missed" in (gap, above) else "level"}
+    for label in rows:
+        rows[label].update({c: (v if label == "flow at the new width" else "—") for c, v in verdicts.items()})
+    return {"rows": rows, "k": k, "n": n, "seeds": list(trained), "narrow_channels": list(spec.channels),
+            "wide_channels": list(wide_spec.channels), "wide_runs": len(wide.runs), "accuracy_gap": accuracy_gap}
+
+
+@cached("flows/cnn_width_transfer", version=1)
+def _cnn_width_transfer(zoo_name: str, zoo: targets.ZooConfig, wide_name: str, wide: targets.ZooConfig,
+                        wide_runs: int, cfg: FlowConfig, n: int, steps: int, seeds: tuple[int, ...],
+                        accuracy_gap: float) -> dict:
+    """:func:`cnn_width_transfer`, cached under both zoos' settings, the flow, the sizes and the seeds."""
+    trained = {seed: train_flow(zoo_name, cfg, seed=seed).flow for seed in seeds}
+    return transfer_rows(zoo_split(zoo_name), targets.zoo(wide_name, n_runs=wide_runs), trained, n, steps,
+                         accuracy_gap)
+
+
 # ---------------------------------------------------------------------------------------------- splits
 def zoo_split(name: str, n_holdout: int | None = None, seed: int = 0) -> protocol.RunSplit:
     """The seeded split of zoo ``name`` (:func:`wsbook.experiments.targets.zoo`) used by every flow
@@ -451,16 +579,18 @@ DIVERSITY_MAX = 256
 
 
 def probability_scores(probs: Tensor, y: Tensor, *, bma_k: int = 64,
-                       generator: torch.Generator | None = None) -> dict:
+                       generator: torch.Generator | None = None, diversity: bool = True) -> dict:
     """The function columns of every results table from a set's test probabilities ``probs [n, N, C]`` and
     labels ``y [N]``: ``n``, ``accuracy``, ``accuracy_std``, ``nll``, ``nll_std`` (over networks),
-    ``bma_accuracy`` and ``bma_nll`` (the model average of ``bma_k`` members drawn with ``generator``) and
-    ``diversity`` (mean pairwise Jensen-Shannon divergence of the predictive distributions of at most
-    :data:`DIVERSITY_MAX` networks)."""
+    ``bma_accuracy`` and ``bma_nll`` (the model average of ``bma_k`` members drawn with ``generator``) and,
+    unless ``diversity`` is false, ``diversity`` (mean pairwise Jensen-Shannon divergence of the predictive
+    distributions of at most :data:`DIVERSITY_MAX` networks; quadratic in their number)."""
     ev = targets.evaluate_probs(probs, y, bma_k=bma_k, generator=generator)
-    return dict(n=ev.n, accuracy=ev.accuracy, accuracy_std=ev.accuracy_std, nll=ev.nll, nll_std=ev.nll_std,
-                bma_accuracy=ev.bma_accuracy, bma_nll=ev.bma_nll,
-                diversity=float(distances.diversity(probs[:DIVERSITY_MAX])))
+    row = dict(n=ev.n, accuracy=ev.accuracy, accuracy_std=ev.accuracy_std, nll=ev.nll, nll_std=ev.nll_std,
+               bma_accuracy=ev.bma_accuracy, bma_nll=ev.bma_nll)
+    if diversity:
+        row["diversity"] = float(distances.diversity(probs[:DIVERSITY_MAX]))
+    return row
 
 
 def score(theta: Tensor, refs: References, *, bma_k: int = 64, seed: int = 0) -> dict:
@@ -740,4 +870,5 @@ __all__ = ["FlowConfig", "flow_config", "extended_config", "EXTENDED_STEPS", "ba
            "score_draws",
            "target_rows", "CONTROLS", "control_sets", "test_report", "verdict_table",
            "breast_cancer_candidates", "cnn_candidates", "cnn_sizes", "cnn_verdict_table", "ACCURACY_GAP",
+           "CNN_WIDE_ZOO", "TRANSFER_ROWS", "unanchored_config", "cnn_width_transfer", "transfer_rows",
            "nn_ratio_interval", "steps_curve", "adam_curve"]

@@ -108,6 +108,9 @@ ZOOS: dict[str, ZooConfig] = {
     # better validation accuracy of 3e-3 and 1e-2; the first half of each run discarded
     "cnn_digits": CNNZooConfig("digits", (1, 8, 8, 10), "adam", 1e-2, epochs=60, discard_epochs=30, every=8,
                                init_std=0.3),
+    # the same recipe with twice the hidden channels (1-16-16-10): chapter 8d's reference for width transfer
+    "cnn_digits_w16": CNNZooConfig("digits", (1, 16, 16, 10), "adam", 1e-2, epochs=60, discard_epochs=30, every=8,
+                                   init_std=0.3),
 }
 
 
@@ -140,6 +143,7 @@ def zoo_runs(name: str) -> int:
             "mnist5k": config.by_scale(ci=4, default=20, full=50),
             "mnist5k_w32": config.by_scale(ci=3, default=8, full=50),
             "cnn_digits": config.by_scale(ci=8, default=60, full=200),
+            "cnn_digits_w16": config.by_scale(ci=2, default=8, full=20),
             "mnist": config.by_scale(ci=2, default=20, full=50)}[name]
 
 
@@ -219,8 +223,9 @@ def zoo(name: str, n_runs: int | None = None, seed: int = 0) -> Zoo:
     """The checkpoint zoo ``name`` (one of :data:`ZOOS` or :data:`OPTIONAL_ZOOS`), cached.
 
     Args:
-        name: ``"breast_cancer"``, ``"mnist5k"`` (784-10-10), ``"mnist5k_w32"`` (784-32-10), or ``"mnist"``
-            (784-10-10 on the full MNIST; needs its IDX files in ``WSBOOK_MNIST_DIR``).
+        name: ``"breast_cancer"``, ``"mnist5k"`` (784-10-10), ``"mnist5k_w32"`` (784-32-10), ``"cnn_digits"``
+            (1-8-8-10 CNNs), ``"cnn_digits_w16"`` (1-16-16-10), or ``"mnist"`` (784-10-10 on the full MNIST;
+            needs its IDX files in ``WSBOOK_MNIST_DIR``).
         n_runs: independent runs (default: :func:`zoo_runs` at the current scale).
         seed: seeds the initialisations and every run's minibatch order.
     """
