@@ -3,7 +3,7 @@
 1. The CUDA tests (``pytest -k cuda``: the tests skipped without a CUDA device).
 2. One training step (``WeightFlow.fit``: batch, coupling, pairing, field, AdamW, EMA) and one sampling
    pass (``WeightFlow.sample``, the chapters' solver, steps and number of networks) of every field kind at
-   the ``full`` sizes of the book: ``gnn_field``, ``NeuronGraphField`` and ``FlatField`` on breast-cancer
+   the ``full`` sizes of the book: ``gnn_field``, ``NeuronField`` and ``FlatField`` on breast-cancer
    networks (30-16-16-2, :func:`wsbook.experiments.flows.flow_config`), ``gnn_field``, ``NeuronField`` and
    ``FlatField`` on MNIST networks (784-10-10, :func:`wsbook.experiments.mnist_flows.budget`), each with
    the field under bfloat16 autocast and in float32.

@@ -13,7 +13,7 @@ from torch import nn
 from wsbook.nets import CNNSpec, MLPSpec
 from wsbook.symmetry import permute, random_permutation
 from wsbook.weightflow import (FIELDS, ChannelField, EuclideanChart, FlatField, GeometricChart, Guidance, NeuronField,
-                               NeuronGraphField, NormalizedChart, WeightField, WeightFlow, chart_from_config,
+                               NormalizedChart, WeightField, WeightFlow, chart_from_config,
                                field_from_config)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -186,14 +186,14 @@ def test_channel_field_writes_every_channel_and_kernel_to_its_own_weights():
 
 
 @pytest.mark.parametrize("anchored", [False, True])
-def test_channel_field_on_1x1_kernels_is_the_neuron_graph_field(anchored):
+def test_channel_field_on_1x1_kernels_is_the_neuron_field(anchored):
     """A CNN of 1x1 kernels is an MLP on each pixel and has the MLP's flat layout: with the same parameters the
-    channel field computes exactly the neuron graph field's velocity (same nodes, edges, rounds and readouts)."""
+    channel field computes exactly the neuron field's velocity (same nodes, edges, rounds and readouts)."""
     cnn, mlp = CNNSpec(3, (4, 5, 2), 1, 3), MLPSpec((3, 4, 5, 2, 3))
     assert cnn.n_params == mlp.n_params
     torch.manual_seed(0)
     channel = ChannelField(cnn, hidden=16, edge_dim=8, rounds=2, anchored=anchored)
-    neuron = NeuronGraphField(mlp, hidden=16, edge_dim=8, rounds=2, anchored=anchored)
+    neuron = NeuronField(mlp, hidden=16, edge_dim=8, rounds=2, anchored=anchored)
     g = gen(1)
     with torch.no_grad():                          # random values everywhere, the zero-initialised terms included
         for p in channel.parameters():

@@ -5,7 +5,7 @@ import torch
 
 from wsbook.experiments import flows, protocol
 from wsbook.nets import MLPSpec
-from wsbook.weightflow import NeuronField, NeuronGraphField
+from wsbook.weightflow import NeuronField
 
 
 @pytest.fixture(autouse=True)
@@ -29,12 +29,14 @@ def test_config_names_and_errors():
     assert ext.name == head.name and ext.global_context and not head.global_context
     assert ext.steps == flows.EXTENDED_STEPS * head.steps and ext.lr > head.lr
     assert flows.extended_config(steps=7).steps == 7
-    # the neuron field: named apart, anchored on the aligned chart, the deep or one-layer class as needed
+    # the neuron field: named apart, anchored on the aligned chart; its layer count is message-passing rounds
+    # over two or more hidden layers, attention layers over one
     neuron = flows.neuron_config()
     assert neuron.name == "neuron_euclidean_aligned_ot" and neuron.anchored and not neuron.align_pairs
     split = flows.zoo_split("breast_cancer")
-    assert isinstance(flows.build_field(split.spec, neuron), NeuronGraphField)
-    assert isinstance(flows.build_field(MLPSpec((4, 3, 2)), neuron), NeuronField)
+    deep, shallow = flows.build_field(split.spec, neuron), flows.build_field(MLPSpec((4, 3, 2)), neuron)
+    assert isinstance(deep, NeuronField) and isinstance(shallow, NeuronField)
+    assert deep.kwargs["rounds"] == neuron.n_layers and shallow.kwargs["attention_layers"] == neuron.n_layers
     with pytest.raises(ValueError, match="variant"):
         flows.flow_config("geometric", "sorted")
     with pytest.raises(ValueError, match="chart"):

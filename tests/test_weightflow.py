@@ -12,7 +12,7 @@ from wsbook.nets import MLPSpec
 from wsbook.symmetry import permute, random_permutation
 from wsbook.weightflow.variational import fit_reverse_kl
 from wsbook.weightflow import (EuclideanChart, chart_from_config, FlatField, GeometricChart, Guidance, NeuronField,
-                               NeuronGraphField, NormalizedChart, WeightFlow, gnn_field, make_chart,
+                               NormalizedChart, WeightFlow, gnn_field, make_chart,
                                reference_sample, sample_times, task_gradient)
 
 SPEC = MLPSpec((4, 5, 3, 2))
@@ -253,7 +253,7 @@ def test_flat_field_zeroed_is_zero_everywhere():
 
 def test_neuron_graph_field_zeroed_is_zero_everywhere_and_still_trains():
     spec = MLPSpec((4, 5, 3, 2))
-    field = NeuronGraphField(spec, hidden=16, edge_dim=8, rounds=1)
+    field = NeuronField(spec, hidden=16, edge_dim=8, rounds=1)
     with torch.no_grad():
         field.linear_edges.normal_(generator=gen(5))
     t, x = torch.rand(5), torch.randn(5, spec.n_params, generator=gen(0))
@@ -541,8 +541,8 @@ def test_neuron_field_is_equivariant_reads_whole_neurons_and_transfers(attention
     assert bool(big.chart.manifold.belongs(big.chart.to_points(nets), atol=1e-5).all())
     _check_equivariant_and_batch_independent(big.ema, wide)
     assert all(torch.equal(a, b) for a, b in zip(again.ema.parameters(), big.ema.parameters()))
-    with pytest.raises(ValueError, match="one hidden layer"):
-        NeuronField(SPEC)
+    with pytest.raises(ValueError, match="depth"):
+        field.with_spec(SPEC)
     with pytest.raises(ValueError, match="inputs and outputs"):
         field.with_spec(MLPSpec((5, 3, 2)))
 
@@ -581,7 +581,7 @@ def test_anchored_neuron_field_is_equivariant_in_the_pair_and_fit_sets_its_ancho
 @pytest.mark.parametrize("widths", [(4, 5, 3, 2), (4, 3, 5, 3, 2)])
 def test_neuron_graph_field_is_equivariant_reaches_across_layers_and_transfers(widths):
     spec = MLPSpec(widths)
-    field = NeuronGraphField(spec, hidden=16, edge_dim=8, rounds=1)
+    field = NeuronField(spec, hidden=16, edge_dim=8, rounds=1)
     with torch.no_grad():      # the linear terms start at zero; give them values so the checks can fail
         field.linear_edges.normal_(generator=gen(5))
         for lin in field.linear_nodes:
@@ -599,7 +599,7 @@ def test_neuron_graph_field_is_equivariant_reaches_across_layers_and_transfers(w
     flow = WeightFlow(EuclideanChart(spec), field, coupling="ot", align_pairs=True)
     flow.fit(zoo(32, spec), steps=2, batch_size=16, generator=gen(), progress=False)
     again = WeightFlow.from_state(flow.state_dict())
-    assert again.field.config() == field.config() and again.field.config()["kind"] == "neuron_graph"
+    assert again.field.config() == field.config() and again.field.config()["kind"] == "neuron"
     wide = MLPSpec((widths[0], *(w + 2 for w in widths[1:-1]), widths[-1]))
     big = again.with_spec(wide)
     nets = big.sample(5, steps=3, generator=gen(12))
@@ -607,13 +607,15 @@ def test_neuron_graph_field_is_equivariant_reaches_across_layers_and_transfers(w
     _check_equivariant_and_batch_independent(big.ema, wide)
     assert all(torch.equal(a, b) for a, b in zip(again.ema.parameters(), big.ema.parameters()))
     with pytest.raises(ValueError, match="two or more hidden layers"):
-        NeuronGraphField(MLPSpec((4, 3, 2)))
+        NeuronField(MLPSpec((4, 3, 2)), rounds=2)
+    with pytest.raises(ValueError, match="at least one hidden layer"):
+        NeuronField(MLPSpec((4, 2)))
     with pytest.raises(ValueError, match="inputs and outputs"):
         field.with_spec(MLPSpec((5, *widths[1:])))
 
 
 def test_anchored_neuron_graph_field_is_equivariant_in_the_pair():
-    field = NeuronGraphField(SPEC, hidden=16, edge_dim=8, rounds=1, anchored=True)
+    field = NeuronField(SPEC, hidden=16, edge_dim=8, rounds=1, anchored=True)
     _check_equivariant_in_the_pair(field, SPEC)
     with pytest.raises(ValueError, match="widths only"):
         field.with_spec(MLPSpec((4, 7, 3, 2)))
@@ -791,7 +793,7 @@ def test_non_positive_steps_and_negative_n_are_refused_before_any_work(kind):
 EMPTY_FIELDS = {"gnn": (SPEC, lambda s: gnn_field(s, dim=4, n_layers=1)),
                 "flat": (SPEC, lambda s: FlatField(s, hidden=8, depth=1)),
                 "neuron": (MLPSpec((4, 5, 2)), lambda s: NeuronField(s, hidden=8, heads=1)),
-                "neuron_graph": (SPEC, lambda s: NeuronGraphField(s, hidden=8, edge_dim=4, rounds=1))}
+                "neuron deep": (SPEC, lambda s: NeuronField(s, hidden=8, edge_dim=4, rounds=1))}
 
 
 @pytest.mark.parametrize("kind", ["euclidean", "normalized", "geometric"])
@@ -826,7 +828,7 @@ def test_a_field_for_another_architecture_is_refused():
     a, b = MLPSpec((5, 9, 4)), MLPSpec((5, 5, 6, 4))
     assert a.n_params == b.n_params
     for field in (gnn_field(b, dim=4, n_layers=1), FlatField(b, hidden=8, depth=1),
-                  NeuronGraphField(b, hidden=8, edge_dim=4, rounds=1)):
+                  NeuronField(b, hidden=8, edge_dim=4, rounds=1)):
         with pytest.raises(ValueError, match="built for another architecture"):
             WeightFlow(EuclideanChart(a), field)
         with pytest.raises(ValueError, match="built for another architecture"):
@@ -854,7 +856,7 @@ def test_time_embedding_width_is_one_constant(monkeypatch):
     monkeypatch.setattr(fields, "TIME_FEATURES", 9)
     one_hidden = MLPSpec((4, 5, 2))
     built = [gnn_field(SPEC, dim=8, n_layers=1), NeuronField(one_hidden, hidden=8, depth=1, attention_layers=1),
-             NeuronGraphField(SPEC, hidden=8, edge_dim=4, rounds=1)]
+             NeuronField(SPEC, hidden=8, edge_dim=4, rounds=1)]
     for field in built:
         x = torch.randn(3, field.spec.n_params, generator=gen(1))
         assert field(torch.rand(3, generator=gen(2)), x).shape == x.shape
@@ -884,7 +886,7 @@ def test_every_field_follows_the_one_protocol(field_kind):
     spec, make = EMPTY_FIELDS[field_kind]
     torch.manual_seed(0)
     field = make(spec)
-    assert isinstance(field, WeightField) and FIELDS[field.kind] is type(field) and field.kind == field_kind
+    assert isinstance(field, WeightField) and FIELDS[field.kind] is type(field) and field.kind == field_kind.split()[0]
     again = field_from_config(field.config())
     again.load_state_dict(field.state_dict())
     x, t = zoo(3, spec), torch.rand(3)
@@ -916,3 +918,21 @@ def test_an_analytic_field_samples_but_is_not_saved_and_with_field_keeps_the_sca
     moved = trained.with_field(trained.ema)
     assert moved.field is trained.ema and torch.equal(moved.layer_scale, trained.layer_scale)
     assert moved.settings() == trained.settings() and moved.chart is trained.chart
+
+
+def test_one_neuron_field_for_any_depth_refuses_the_other_depths_arguments_and_reads_older_kinds():
+    from wsbook.weightflow import field_from_config, spec_config
+
+    shallow, deep = MLPSpec((4, 3, 2)), MLPSpec((4, 3, 3, 2))
+    assert NeuronField(shallow).kwargs == NeuronField.SET_ARGS
+    assert NeuronField(deep).kwargs == NeuronField.GRAPH_ARGS
+    with pytest.raises(ValueError, match="edge_dim"):
+        NeuronField(shallow, edge_dim=8)
+    with pytest.raises(ValueError, match="attention_layers"):
+        NeuronField(deep, attention_layers=1)
+    with pytest.raises(ValueError, match="positive"):
+        NeuronField(deep, rounds=0)
+    # flows saved while the deeper field had a kind of its own load as the one neuron field
+    older = {"kind": "neuron_graph", **spec_config(deep), "hidden": 8, "edge_dim": 4, "rounds": 1}
+    field = field_from_config(older)
+    assert isinstance(field, NeuronField) and field.config() == {**older, "kind": "neuron"}

@@ -39,8 +39,8 @@ from wsbook.bayes import distances
 from wsbook.cache import cached
 from wsbook.experiments import protocol, targets
 from wsbook.nets import train_population
-from wsbook.weightflow import (ChannelField, FlatField, GeometricChart, Guidance, NeuronField, NeuronGraphField,
-                               WeightFlow, gnn_field, make_chart)
+from wsbook.weightflow import (ChannelField, FlatField, GeometricChart, Guidance, NeuronField, WeightFlow,
+                               gnn_field, make_chart)
 
 CHARTS = ("euclidean", "normalized", "geometric")
 FIELDS = ("gnn", "flat", "neuron", "channel")
@@ -57,11 +57,10 @@ class FlowConfig:
 
     Attributes:
         chart: ``"euclidean"``, ``"normalized"`` or ``"geometric"`` (:mod:`wsbook.weightflow.charts`).
-        field: ``"gnn"`` (the equivariant :func:`~wsbook.weightflow.gnn_field`), ``"neuron"`` (the graph
-            network whose nodes read whole neurons, :class:`~wsbook.weightflow.NeuronGraphField`;
-            :class:`~wsbook.weightflow.NeuronField` for one hidden layer), ``"channel"`` (its counterpart over
-            a CNN's channels, :class:`~wsbook.weightflow.ChannelField`) or ``"flat"`` (the plain
-            :class:`~wsbook.weightflow.FlatField` baseline).
+        field: ``"gnn"`` (the equivariant :func:`~wsbook.weightflow.gnn_field`), ``"neuron"`` (the field
+            whose nodes read whole neurons, :class:`~wsbook.weightflow.NeuronField`), ``"channel"`` (its
+            counterpart over a CNN's channels, :class:`~wsbook.weightflow.ChannelField`) or ``"flat"`` (the
+            plain :class:`~wsbook.weightflow.FlatField` baseline).
         aligned: the chart aligns every network to the split's reference network by weight matching.
         coupling: ``"independent"`` or ``"ot"`` (exact minibatch OT in the chart's metric).
         align_pairs: also permute every target to its source partner (see :class:`WeightFlow`).
@@ -189,7 +188,7 @@ def extended_config(**overrides) -> FlowConfig:
 
 
 def neuron_config(chart: str = "euclidean", variant: str = "aligned_ot", **overrides) -> FlowConfig:
-    """A table flow with the field that reads whole neurons (:class:`~wsbook.weightflow.NeuronGraphField`,
+    """A table flow with the field that reads whole neurons (:class:`~wsbook.weightflow.NeuronField`,
     anchored on the aligned charts), by default the headline flow (Euclidean chart, aligned + OT)."""
     return flow_config(chart, variant, field="neuron", **overrides)
 
@@ -389,10 +388,9 @@ def build_field(spec, cfg: FlowConfig):
                          global_context=cfg.global_context)
     if cfg.field == "channel":
         return ChannelField(spec, hidden=cfg.hidden, rounds=cfg.n_layers, anchored=cfg.anchored)
-    if cfg.field == "neuron":
-        if len(spec.widths) == 3:
-            return NeuronField(spec, hidden=cfg.hidden, attention_layers=cfg.n_layers, anchored=cfg.anchored)
-        return NeuronGraphField(spec, hidden=cfg.hidden, rounds=cfg.n_layers, anchored=cfg.anchored)
+    if cfg.field == "neuron":       # n_layers: attention layers of one hidden layer's set, or message-passing rounds
+        layers = {"attention_layers" if len(spec.widths) == 3 else "rounds": cfg.n_layers}
+        return NeuronField(spec, hidden=cfg.hidden, anchored=cfg.anchored, **layers)
     return FlatField(spec, hidden=cfg.hidden, depth=cfg.depth)
 
 

@@ -55,7 +55,7 @@ from wsbook.cache import cached
 from wsbook.experiments import protocol, targets
 from wsbook.flows.likelihood import divergence
 from wsbook.symmetry import neuron_norms, weight_matching
-from wsbook.weightflow import EuclideanChart, FlatField, GeometricChart, NeuronGraphField, WeightFlow, gnn_field
+from wsbook.weightflow import EuclideanChart, FlatField, GeometricChart, NeuronField, WeightFlow, gnn_field
 from wsbook.weightflow.variational import fit_reverse_kl
 
 CHARTS = ("euclidean", "geometric")
@@ -181,7 +181,7 @@ class JointSettings:
     mean-field VI fits, ``density_steps`` Adam steps of reverse KL alone at learning rate ``density_lr``, then
     ``steps`` of reverse KL plus ``forward_weight`` times the draws' negative log-likelihood at ``lr``; samples
     and draws per step ``batch_size``, EMA decay ``ema_decay``, Euler steps of the path ``solver_steps``. The
-    field (:func:`joint_field`) is ``"neuron"`` (:class:`~wsbook.weightflow.NeuronGraphField` with node width
+    field (:func:`joint_field`) is ``"neuron"`` (:class:`~wsbook.weightflow.NeuronField` with node width
     ``width``, edge width ``edge_dim`` and ``rounds`` rounds of message passing) or ``"flat"`` (the flat MLP
     of :func:`flow_settings` with a per-weight linear term; the sizes here are then unused);
     ``jacobian_penalty`` is that of :func:`~wsbook.weightflow.variational.fit_reverse_kl`."""
@@ -219,7 +219,7 @@ def joint_field(spec, joint: JointSettings, settings: FlowSettings | None = None
     everywhere, so the flow starts as its source (sizes from ``joint``; the flat field's from ``settings``,
     default :func:`flow_settings`)."""
     if joint.field == "neuron":
-        return NeuronGraphField(spec, hidden=joint.width, edge_dim=joint.edge_dim, rounds=joint.rounds).zero_()
+        return NeuronField(spec, hidden=joint.width, edge_dim=joint.edge_dim, rounds=joint.rounds).zero_()
     if joint.field == "flat":
         return posterior_field(spec, settings).with_diagonal().zero_()
     raise ValueError(f"JointSettings.field must be 'neuron' or 'flat'; got {joint.field!r}")

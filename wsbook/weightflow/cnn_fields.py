@@ -1,5 +1,5 @@
 """A vector field over the weights of convolutional networks (:class:`~wsbook.nets.CNNSpec`), of the neuron-field
-family (:class:`~wsbook.weightflow.fields.NeuronField`, :class:`~wsbook.weightflow.fields.NeuronGraphField`):
+family (:class:`~wsbook.weightflow.fields.NeuronField`):
 every hidden *channel* is one node that reads its fixed-order weights whole.
 
 A CNN ``in_channels -> c_1 -> ... -> c_L -> (global average pool) -> head`` has exchangeable hidden channels
@@ -55,7 +55,7 @@ class ChannelField(WeightField):
         attention_layers: self-attention layers among each hidden layer's channels (0: DeepSets only).
         heads: attention heads (must divide ``hidden``).
         anchored: every channel and kernel is read beside the same channel and kernel of an anchor network (as
-            :class:`~wsbook.weightflow.NeuronGraphField`'s ``anchored``; :meth:`WeightFlow.fit` sets the mean
+            :class:`~wsbook.weightflow.NeuronField`'s ``anchored``; :meth:`WeightFlow.fit` sets the mean
             aligned training network): equivariant in the pair, for the anchor's channel counts only.
 
     Shapes: ``x`` is ``[B, D]`` in the spec's flat layout, ``t`` a number or ``[B]``; the output is ``[B, D]``.
@@ -67,8 +67,8 @@ class ChannelField(WeightField):
                  attention_layers: int = 0, heads: int = 4, anchored: bool = False):
         super().__init__()
         if not isinstance(spec, CNNSpec):
-            raise TypeError(f"ChannelField needs a CNNSpec; got {type(spec).__name__} (for MLPs use NeuronField "
-                            "or NeuronGraphField)")
+            raise TypeError(f"ChannelField needs a CNNSpec; got {type(spec).__name__} (for MLPs use "
+                            "NeuronField)")
         if min(hidden, edge_dim, rounds) < 1 or attention_layers < 0:
             raise ValueError(f"ChannelField: hidden, edge_dim and rounds must be positive and attention_layers "
                              f"non-negative; got {hidden}, {edge_dim}, {rounds}, {attention_layers}")

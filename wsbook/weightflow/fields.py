@@ -3,9 +3,9 @@ flat weight layout and ``t`` a scalar or ``[B]``; they return one number per wei
 Every one is a :class:`WeightField` (the protocol :class:`~wsbook.weightflow.WeightFlow` relies on to save,
 transfer, anchor and zero a field). Which one to use:
 
-* the neuron fields (:class:`NeuronField`, :class:`NeuronGraphField`) are the first choice for MLPs: each node
-  reads a whole hidden neuron, so a step is cheap and learns much; the results chapters' headline flows use
-  them (chapters 8 and 8b);
+* the neuron field (:class:`NeuronField`) is the first choice for MLPs of any depth: each node reads a whole
+  hidden neuron, so a step is cheap and learns much; the results chapters' headline flows use it (chapters 8
+  and 8b);
 * :func:`gnn_field` is the general equivariant field over the neural graph, for architectures and widths the
   neuron fields do not cover, and for transfer between widths without an anchor;
 * :class:`FlatField` is the baseline every table holds the others to.
@@ -17,12 +17,10 @@ transfer, anchor and zero a field). Which one to use:
   trained module on networks of another width.
 * :class:`FlatField`: the plain baseline, an MLP on the flat vector and time features (no symmetry, one
   width only).
-* :class:`NeuronField`: a DeepSets field over the hidden neurons of a one-hidden-layer MLP: one MLP reads
-  each neuron's incoming weights, bias and outgoing weights whole, beside the mean over all neurons.
-  Equivariant and width-agnostic like the GNN, with a flat MLP's reach on each neuron.
-* :class:`NeuronGraphField`: its counterpart for two or more hidden layers, a graph network over the
-  hidden neurons whose nodes read their input or output weights whole and whose edges are the weights
-  between hidden layers.
+* :class:`NeuronField`: a field over the hidden neurons whose nodes read their input or output weights
+  whole: with one hidden layer a DeepSets field over the set of neurons, with more a graph network whose
+  edges are the weights between hidden layers. Equivariant and width-agnostic like the GNN, with a flat
+  MLP's reach on each neuron.
 """
 from __future__ import annotations
 
@@ -237,129 +235,12 @@ class FlatField(TimeMLP, WeightField):
                          f"it cannot read {spec}. Use gnn_field for width transfer")
 
 
-class NeuronField(WeightField):
-    """``field(t, x)`` for networks with one hidden layer (``in-H-out``), whose hidden neurons are
-    exchangeable and whose inputs and outputs are not. Neuron ``j`` is the vector
-    ``u_j = [W1[j, :], b1[j], W2[:, j]]`` (``in + 1 + out`` numbers); a DeepSets model (Zaheer et al.,
-    2017) maps the set of neurons to their velocities:
-
-    ``h_j = enc(u_j)``, ``c = mean_j h_j``, ``v_j = dec(h_j + ctx(c, b2, t))``, ``v_b2 = head(c, b2, t)``,
-
-    plus a per-coordinate linear term ``(a + b t) * u_j`` shared by all neurons (zero at the start). The
-    field is equivariant to permutations of the hidden neurons, and no parameter depends on ``H``, so
-    :meth:`with_spec` samples networks of another hidden width (the mean keeps the context's scale). With
-    ``attention_layers > 0`` the neurons' encodings pass through self-attention layers without positions
-    (a Set Transformer-style encoder, still equivariant), so that neurons can divide the work between
-    them. Unlike the message-passing GNN, which sees each weight through small edge features, the encoder
-    reads a neuron's input weights at once. Chapter 8b compares it with the unanchored GNN on MNIST
-    784-10-10 and measures its transfer to 784-32-10 (Table 7.4).
-
-    Args:
-        spec: an MLP with exactly one hidden layer and biases.
-        hidden: width of the encoder, decoder, attention and context.
-        depth: hidden layers of the decoder.
-        attention_layers: self-attention layers among the neurons (0: plain DeepSets).
-        heads: attention heads.
-        anchored: every neuron is read beside the same neuron of an anchor network (as
-            :class:`GNNField`'s ``anchored``; :meth:`WeightFlow.fit` sets the mean aligned training
-            network): equivariant in the pair; :meth:`with_spec` widens the anchor by repeating its
-            neurons.
-    """
-
-    kind = "neuron"
-
-    def __init__(self, spec: MLPSpec, hidden: int = 256, depth: int = 2, attention_layers: int = 0, heads: int = 4,
-                 anchored: bool = False):
-        super().__init__()
-        if not isinstance(spec, MLPSpec) or len(spec.widths) != 3 or not spec.bias:
-            raise ValueError(f"NeuronField needs an MLPSpec with one hidden layer and biases (in-H-out); got {spec}")
-        self.spec, self.anchored = spec, bool(anchored)
-        self.kwargs = dict(hidden=hidden, depth=depth, attention_layers=attention_layers, heads=heads) | (
-            {"anchored": True} if anchored else {})
-        n_in, _, n_out = spec.widths
-        size = n_in + 1 + n_out
-        if self.anchored:
-            self.register_buffer("anchor", torch.zeros(1, spec.n_params))
-        self.enc = nn.Sequential(nn.Linear(size * (2 if anchored else 1), hidden), nn.SiLU(), nn.Linear(hidden, hidden))
-        # self-attention among the neurons (no positions: equivariant), so that neurons can divide the work;
-        # they read the time through their encodings (without attention it enters through the context only)
-        self.time = nn.Linear(TIME_FEATURES, hidden) if attention_layers else None
-        self.mix = nn.ModuleList(nn.TransformerEncoderLayer(hidden, heads, 2 * hidden, dropout=0.0, activation="gelu",
-                                                            batch_first=True, norm_first=True)
-                                 for _ in range(attention_layers))
-        self.ctx = nn.Sequential(nn.Linear(hidden + n_out + TIME_FEATURES, hidden), nn.SiLU(),
-                                 nn.Linear(hidden, hidden))
-        layers: list[nn.Module] = []
-        for _ in range(depth):
-            layers += [nn.SiLU(), nn.Linear(hidden, hidden)]
-        self.dec = nn.Sequential(*layers, nn.SiLU(), nn.Linear(hidden, size))
-        self.head = nn.Sequential(nn.Linear(hidden + n_out + TIME_FEATURES, hidden), nn.SiLU(),
-                                  nn.Linear(hidden, n_out))
-        self.linear = nn.Parameter(torch.zeros(2, size))
-
-    def forward(self, t: Tensor | float, x: Tensor) -> Tensor:
-        x = self.spec.check(x, "x")
-        t = _times(t, x)
-        u, b2 = self._neurons(x)                                                     # [B, H, in + 1 + out]
-        tf = time_features(t, TIME_FEATURES - 1, x.shape[0]).to(x)
-        h = self.enc(torch.cat([u, self._neurons(self.anchor)[0].expand_as(u)], -1) if self.anchored else u)
-        if self.time is not None:
-            h = h + self.time(tf)[:, None]
-            for layer in self.mix:
-                h = layer(h)
-        summary = torch.cat([h.mean(1), b2, tf], -1)
-        v = self.dec(h + self.ctx(summary)[:, None]) + (self.linear[0] + t[:, None, None] * self.linear[1]) * u
-        n_in = self.spec.widths[0]
-        vw1, vb1, vw2 = v[..., :n_in], v[..., n_in], v[..., n_in + 1:]
-        return self.spec.pack([vw1, vw2.transpose(1, 2)], [vb1, self.head(summary)])
-
-    def _neurons(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Each hidden neuron's ``[W1[j, :], b1[j], W2[:, j]]`` as ``[B, H, in + 1 + out]``, and ``b2``."""
-        (w1, w2), (b1, b2) = self.spec.weights(x), self.spec.biases(x)
-        return torch.cat([w1, b1[..., None], w2.transpose(1, 2)], -1), b2
-
-    def zero_(self) -> "NeuronField":
-        """Zero the decoders' output layers and the linear term, in place: the field is zero everywhere."""
-        _zero_last_linear(self.dec)
-        _zero_last_linear(self.head)
-        nn.init.zeros_(self.linear)
-        return self
-
-    def with_spec(self, spec: MLPSpec) -> "NeuronField":
-        """The same trained module on networks of another hidden width (same inputs and outputs).
-
-        An anchored field can only widen: its anchor is widened by repeating its neurons (neuron ``j`` of the
-        new anchor is neuron ``j mod H`` of the old one), so every hidden neuron of the wider network is read
-        beside an anchor neuron the field knows, and the copies of one anchor neuron are separate draws of that
-        kind of neuron. Each of them gets outgoing weights sized for the old width, so the logits of a network
-        ``k`` times wider are about ``k`` times larger (scale its outgoing weights by the width ratio to read
-        them as an average)."""
-        if not isinstance(spec, MLPSpec) or len(spec.widths) != 3 or spec.widths[0] != self.spec.widths[0] \
-                or spec.widths[-1] != self.spec.widths[-1]:
-            raise ValueError(f"NeuronField.with_spec: {spec} must keep the one hidden layer, inputs and outputs "
-                             f"of {self.spec}")
-        if spec == self.spec:
-            return self
-        h, wide = self.spec.widths[1], spec.widths[1]
-        if self.anchored and wide < h:
-            raise ValueError(f"NeuronField.with_spec: an anchored field of width {h} can widen its anchor (by "
-                             f"repeating its neurons) but not narrow it to {wide}")
-        new = NeuronField(spec, **self.kwargs).to(self.linear)
-        state = self.state_dict()
-        if self.anchored:
-            idx = torch.arange(wide, device=self.anchor.device) % h
-            (w1, w2), (b1, b2) = self.spec.weights(self.anchor), self.spec.biases(self.anchor)
-            state["anchor"] = spec.pack([w1[:, idx], w2[:, :, idx]], [b1[:, idx], b2])
-        new.load_state_dict(state)
-        return new
-
-
 def _mlp(n_in: int, hidden: int, n_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(n_in, hidden), nn.SiLU(), nn.Linear(hidden, n_out))
 
 
 # The message passing of the fields whose nodes are hidden units and whose edges are the weights between two
-# hidden layers (NeuronGraphField over neurons, ChannelField over a CNN's channels, whose edges are kernels).
+# hidden layers (NeuronField over neurons, ChannelField over a CNN's channels, whose edges are kernels).
 def _build_rounds(field: nn.Module, n_hidden: int, hidden: int, edge_dim: int, rounds: int, summary: int) -> None:
     """Per round and per pair of consecutive hidden layers the edge message and its end-node projections
     (``msg``, ``dst``, ``src``, ``down``, ``up``), and per round the context and node updates."""
@@ -412,54 +293,135 @@ def _edge_reads(field: nn.Module, h: list[Tensor], e: list[Tensor]) -> list[Tens
             for k in range(len(e))]
 
 
-class NeuronGraphField(WeightField):
-    """``field(t, x)`` for MLPs with two or more hidden layers: a graph network over the hidden neurons
-    whose nodes read their fixed-order weights whole, as :class:`NeuronField` does for one hidden layer.
+class NeuronField(WeightField):
+    """``field(t, x)`` for MLPs with biases, of any depth: every hidden neuron is a node that reads its
+    fixed-order weights whole; the field is equivariant to permutations of every hidden layer.
 
-    The input and output neurons of an MLP are not exchangeable, so the weights that touch them belong to
-    a hidden neuron in a fixed order: node ``j`` of the first hidden layer reads ``[W1[j, :], b1[j]]`` at
-    once (all its input weights), a node of the last hidden layer ``[b_L[j], W_out[:, j]]``, a node in
-    between its bias. Only the weights between two hidden layers are indexed by exchangeable neurons on
-    both sides; they are the edges, each with a feature of its own. ``rounds`` message-passing rounds
-    update every edge from its two end nodes (``e += mlp(e + P h_dst + Q h_src)``), every node from the mean
-    of its incoming and outgoing edges' messages, and every node from a context that reads the mean node of
-    every hidden layer, the output bias and the time (a virtual node: how far a network has trained is a
-    property of the whole network). Decoders give each node's fixed-order weights and bias their velocity,
-    each edge its weight's, and the context the output bias's; a per-coordinate linear term ``(a + b t) x``
-    starts at zero.
+    The input and output neurons of an MLP are not exchangeable, so the weights that touch them belong to a
+    hidden neuron in a fixed order: a first-hidden-layer neuron ``j`` reads ``[W1[j, :], b1[j]]`` (all its
+    input weights at once), a last-hidden-layer neuron ``[b_L[j], W_out[:, j]]``, a neuron in between its
+    bias. Unlike the message-passing GNN (:func:`gnn_field`), which sees each weight through a small edge
+    feature and sums over hundreds of input edges, a node here reads its input weights as one vector.
 
-    The field is equivariant to permutations of every hidden layer and no parameter depends on a hidden
-    width, so unanchored fields sample other widths (:meth:`with_spec`). Compared with
-    :class:`GNNField`, which sees every weight through a small edge feature and sums over hundreds of
-    input edges, a node here sees its input weights as one vector (chapter 8 compares the two fields'
-    cost and quality).
+    * **One hidden layer** (``in-H-out``): neuron ``j`` is ``u_j = [W1[j, :], b1[j], W2[:, j]]`` and the
+      neurons form a set. A DeepSets model (Zaheer et al., 2017) gives ``h_j = enc(u_j)``,
+      ``c = mean_j h_j``, ``v_j = dec(h_j + ctx(c, b2, t))``, ``v_b2 = head(c, b2, t)``. With
+      ``attention_layers > 0`` the encodings pass through self-attention among the neurons without positions
+      (a Set Transformer-style encoder, still equivariant), so that neurons can divide the work.
+    * **Two or more hidden layers**: the weights between two hidden layers are indexed by exchangeable
+      neurons on both sides; they are the edges of a graph over the hidden neurons, each with a feature of
+      its own. ``rounds`` message-passing rounds update every edge from its two end nodes
+      (``e += mlp(e + P h_dst + Q h_src)``), every node from the mean of its incoming and outgoing edges'
+      messages, and every node from a context that reads the mean node of every hidden layer, the output
+      bias and the time (a virtual node: how far a network has trained is a property of the whole network).
+      Decoders give each node's weights and bias their velocity, each edge its weight's, and the context the
+      output bias's.
+
+    Either way a per-coordinate linear term ``(a + b t) x``, shared by the neurons of a layer, starts at
+    zero, and no parameter depends on a hidden width, so :meth:`with_spec` samples networks of other hidden
+    widths. Chapter 8 compares the field with the message-passing GNN on breast cancer, chapter 8b on MNIST
+    784-10-10 (and its transfer to 784-32-10).
 
     Args:
-        spec: an MLP with at least two hidden layers and biases.
-        hidden: width of the node features and of the decoders.
-        edge_dim: width of the edge features.
-        rounds: message-passing rounds.
-        anchored: read an anchor network beside ``x`` (as :class:`GNNField`'s ``anchored``): equivariant in
-            the pair, for the anchor's widths only.
+        spec: an MLP with at least one hidden layer and biases.
+        hidden: width of the node features, encoders and decoders (default 256 for one hidden layer, 128 for
+            more).
+        depth: hidden layers of the node decoder (one hidden layer only; default 2).
+        attention_layers: self-attention layers among the neurons (one hidden layer only; default 0: plain
+            DeepSets).
+        heads: attention heads (one hidden layer only; default 4).
+        edge_dim: width of the edge features (two or more hidden layers; default 32).
+        rounds: message-passing rounds (two or more hidden layers; default 2).
+        anchored: every neuron (and edge) is read beside the same neuron of an anchor network (as
+            :class:`GNNField`'s ``anchored``; :meth:`WeightFlow.fit` sets the mean aligned training
+            network): equivariant in the pair. With one hidden layer :meth:`with_spec` widens the anchor by
+            repeating its neurons; with more an anchored field exists for the anchor's widths only.
     """
 
-    kind = "neuron_graph"
+    kind = "neuron"
+    #: the arguments that shape the field for one hidden layer, and for two or more, with their defaults
+    SET_ARGS = dict(hidden=256, depth=2, attention_layers=0, heads=4)
+    GRAPH_ARGS = dict(hidden=128, edge_dim=32, rounds=2)
 
-    def __init__(self, spec: MLPSpec, hidden: int = 128, edge_dim: int = 32, rounds: int = 2, anchored: bool = False):
+    def __init__(self, spec: MLPSpec, hidden: int | None = None, *, depth: int | None = None,
+                 attention_layers: int | None = None, heads: int | None = None, edge_dim: int | None = None,
+                 rounds: int | None = None, anchored: bool = False):
         super().__init__()
-        if not isinstance(spec, MLPSpec) or len(spec.widths) < 4 or not spec.bias:
-            raise ValueError(f"NeuronGraphField needs an MLPSpec with two or more hidden layers and biases; got {spec} "
-                             f"(one hidden layer: NeuronField)")
-        if min(hidden, edge_dim, rounds) < 1:
-            raise ValueError(f"NeuronGraphField: hidden, edge_dim and rounds must be positive; got "
-                             f"{hidden}, {edge_dim}, {rounds}")
+        if not isinstance(spec, MLPSpec) or len(spec.widths) < 3 or not spec.bias:
+            raise ValueError(f"NeuronField needs an MLPSpec with at least one hidden layer and biases; got {spec}")
+        given = dict(hidden=hidden, depth=depth, attention_layers=attention_layers, heads=heads,
+                     edge_dim=edge_dim, rounds=rounds)
+        defaults = self.SET_ARGS if len(spec.widths) == 3 else self.GRAPH_ARGS
+        stray = sorted(k for k, v in given.items() if v is not None and k not in defaults)
+        if stray:
+            raise ValueError(f"NeuronField on {spec}: {', '.join(stray)} shape(s) the field for "
+                             f"{'two or more hidden layers' if len(spec.widths) == 3 else 'one hidden layer'} "
+                             f"only; this spec takes {', '.join(defaults)}")
+        args = {k: defaults[k] if given[k] is None else given[k] for k in defaults}
+        least = {"attention_layers": 0, "depth": 0}
+        if not all(isinstance(v, int) and v >= least.get(k, 1) for k, v in args.items()):
+            raise ValueError(f"NeuronField: {', '.join(args)} must be positive integers (attention_layers and depth "
+                             f"may be 0); got {args}")
         self.spec, self.anchored = spec, bool(anchored)
-        self.kwargs = dict(hidden=hidden, edge_dim=edge_dim, rounds=rounds) | ({"anchored": True} if anchored else {})
-        n_in, n_out, n_hidden = spec.widths[0], spec.widths[-1], len(spec.widths) - 2
-        sizes = [1 + (n_in if l == 0 else 0) + (n_out if l == n_hidden - 1 else 0) for l in range(n_hidden)]
-        c = 2 if anchored else 1
-        if anchored:
+        self.kwargs = args | ({"anchored": True} if anchored else {})
+        if self.anchored:
             self.register_buffer("anchor", torch.zeros(1, spec.n_params))
+        if len(spec.widths) == 3:
+            self._build_set(**args)
+        else:
+            self._build_graph(**args)
+
+    @property
+    def is_set(self) -> bool:
+        """Whether the spec has one hidden layer (the neurons form a set; no edges)."""
+        return len(self.spec.widths) == 3
+
+    # ---- one hidden layer: a set of neurons -------------------------------------------------------------
+    def _build_set(self, hidden: int, depth: int, attention_layers: int, heads: int) -> None:
+        n_in, _, n_out = self.spec.widths
+        size = n_in + 1 + n_out
+        # modules in this order: it fixes their initialisation from the global generator
+        self.enc = nn.Sequential(nn.Linear(size * (2 if self.anchored else 1), hidden), nn.SiLU(),
+                                 nn.Linear(hidden, hidden))
+        # without attention the time enters through the context only
+        self.time = nn.Linear(TIME_FEATURES, hidden) if attention_layers else None
+        self.mix = nn.ModuleList(nn.TransformerEncoderLayer(hidden, heads, 2 * hidden, dropout=0.0, activation="gelu",
+                                                            batch_first=True, norm_first=True)
+                                 for _ in range(attention_layers))
+        self.ctx = nn.Sequential(nn.Linear(hidden + n_out + TIME_FEATURES, hidden), nn.SiLU(),
+                                 nn.Linear(hidden, hidden))
+        layers: list[nn.Module] = []
+        for _ in range(depth):
+            layers += [nn.SiLU(), nn.Linear(hidden, hidden)]
+        self.dec = nn.Sequential(*layers, nn.SiLU(), nn.Linear(hidden, size))
+        self.head = nn.Sequential(nn.Linear(hidden + n_out + TIME_FEATURES, hidden), nn.SiLU(),
+                                  nn.Linear(hidden, n_out))
+        self.linear = nn.Parameter(torch.zeros(2, size))
+
+    def _neurons(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """One hidden layer: each neuron's ``[W1[j, :], b1[j], W2[:, j]]`` as ``[B, H, in + 1 + out]``, and
+        ``b2``."""
+        (w1, w2), (b1, b2) = self.spec.weights(x), self.spec.biases(x)
+        return torch.cat([w1, b1[..., None], w2.transpose(1, 2)], -1), b2
+
+    def _forward_set(self, t: Tensor, x: Tensor, tf: Tensor) -> Tensor:
+        u, b2 = self._neurons(x)                                                     # [B, H, in + 1 + out]
+        h = self.enc(torch.cat([u, self._neurons(self.anchor)[0].expand_as(u)], -1) if self.anchored else u)
+        if self.time is not None:
+            h = h + self.time(tf)[:, None]
+            for layer in self.mix:
+                h = layer(h)
+        summary = torch.cat([h.mean(1), b2, tf], -1)
+        v = self.dec(h + self.ctx(summary)[:, None]) + (self.linear[0] + t[:, None, None] * self.linear[1]) * u
+        n_in = self.spec.widths[0]
+        vw1, vb1, vw2 = v[..., :n_in], v[..., n_in], v[..., n_in + 1:]
+        return self.spec.pack([vw1, vw2.transpose(1, 2)], [vb1, self.head(summary)])
+
+    # ---- two or more hidden layers: a graph over the hidden neurons ---------------------------------------
+    def _build_graph(self, hidden: int, edge_dim: int, rounds: int) -> None:
+        n_in, n_out, n_hidden = self.spec.widths[0], self.spec.widths[-1], len(self.spec.widths) - 2
+        sizes = [1 + (n_in if l == 0 else 0) + (n_out if l == n_hidden - 1 else 0) for l in range(n_hidden)]
+        c = 2 if self.anchored else 1
         summary = n_hidden * hidden + n_out + TIME_FEATURES
         # modules in this order: it fixes their initialisation from the global generator
         self.enc = nn.ModuleList(_mlp(c * k, hidden, hidden) for k in sizes)
@@ -474,8 +436,9 @@ class NeuronGraphField(WeightField):
         self.linear_edges = nn.Parameter(torch.zeros(2, n_hidden - 1))
 
     def _parts(self, x: Tensor) -> tuple[list[Tensor], list[Tensor], Tensor]:
-        """Per hidden layer its nodes' fixed-order vectors ``[B, width, size]``, per pair of consecutive hidden
-        layers the weights between them ``[B, width_next, width]``, and the output bias ``[B, out]``."""
+        """Two or more hidden layers: per hidden layer its nodes' fixed-order vectors ``[B, width, size]``, per
+        pair of consecutive hidden layers the weights between them ``[B, width_next, width]``, and the output
+        bias ``[B, out]``."""
         ws, bs = self.spec.weights(x), self.spec.biases(x)
         n_hidden = len(self.spec.widths) - 2
         nodes = []
@@ -485,10 +448,7 @@ class NeuronGraphField(WeightField):
             nodes.append(torch.cat(parts, -1))
         return nodes, list(ws[1:-1]), bs[-1]
 
-    def forward(self, t: Tensor | float, x: Tensor) -> Tensor:
-        x = self.spec.check(x, "x")
-        t = _times(t, x)
-        tf = time_features(t, TIME_FEATURES - 1, x.shape[0]).to(x)
+    def _forward_graph(self, t: Tensor, x: Tensor, tf: Tensor) -> Tensor:
         nodes, edges, b_out = self._parts(x)
         if self.anchored:
             a_nodes, a_edges, _ = self._parts(self.anchor)
@@ -510,29 +470,56 @@ class NeuronGraphField(WeightField):
         b_head = self.head(_summary(h, b_out, tf))
         return self.spec.pack(weights, biases + [b_head])
 
-    def zero_(self) -> "NeuronGraphField":
+    def forward(self, t: Tensor | float, x: Tensor) -> Tensor:
+        x = self.spec.check(x, "x")
+        t = _times(t, x)
+        tf = time_features(t, TIME_FEATURES - 1, x.shape[0]).to(x)
+        return self._forward_set(t, x, tf) if self.is_set else self._forward_graph(t, x, tf)
+
+    def zero_(self) -> "NeuronField":
         """Zero every decoder's output layer and the linear terms, in place: the field is then zero everywhere
         (as :meth:`FlatField.zero_`), so a flow starts as its source and training only corrects it."""
-        for last in [*(d[-1] for d in self.dec), *(d[-1] for d in self.edge_dec), self.head[-1]]:
+        if self.is_set:
+            lasts, linear = [self.dec[-1], self.head[-1]], [self.linear]
+        else:
+            lasts = [*(d[-1] for d in self.dec), *(d[-1] for d in self.edge_dec), self.head[-1]]
+            linear = [*self.linear_nodes, self.linear_edges]
+        for last in lasts:
             nn.init.zeros_(last.weight)
             nn.init.zeros_(last.bias)
-        for p in [*self.linear_nodes, self.linear_edges]:
+        for p in linear:
             nn.init.zeros_(p)
         return self
 
-    def with_spec(self, spec: MLPSpec) -> "NeuronGraphField":
-        """The same trained module on networks of other hidden widths (same depth, inputs and outputs)."""
+    def with_spec(self, spec: MLPSpec) -> "NeuronField":
+        """The same trained module on networks of other hidden widths (same depth, inputs and outputs).
+
+        An anchored field with one hidden layer can only widen: its anchor is widened by repeating its neurons
+        (neuron ``j`` of the new anchor is neuron ``j mod H`` of the old one), so every hidden neuron of the
+        wider network is read beside an anchor neuron the field knows, and the copies of one anchor neuron are
+        separate draws of that kind of neuron. Each of them gets outgoing weights sized for the old width, so
+        the logits of a network ``k`` times wider are about ``k`` times larger (scale its outgoing weights by
+        the width ratio to read them as an average). An anchored field over two or more hidden layers exists
+        for its anchor's widths only."""
         if not isinstance(spec, MLPSpec) or len(spec.widths) != len(self.spec.widths) \
                 or spec.widths[0] != self.spec.widths[0] or spec.widths[-1] != self.spec.widths[-1]:
-            raise ValueError(f"NeuronGraphField.with_spec: {spec} must keep the depth, inputs and outputs of "
-                             f"{self.spec}")
+            raise ValueError(f"NeuronField.with_spec: {spec} must keep the depth, inputs and outputs of {self.spec}")
         if spec == self.spec:
             return self
+        state = self.state_dict()
+        if self.anchored and not self.is_set:
+            raise ValueError(f"NeuronField.with_spec: an anchored field reads an anchor network of {self.spec} "
+                             f"and, with two or more hidden layers, exists for those widths only")
         if self.anchored:
-            raise ValueError(f"NeuronGraphField.with_spec: an anchored field reads an anchor network of {self.spec} "
-                             f"and exists for those widths only")
-        new = NeuronGraphField(spec, **self.kwargs).to(self.linear_edges)
-        new.load_state_dict(self.state_dict())
+            h, wide = self.spec.widths[1], spec.widths[1]
+            if wide < h:
+                raise ValueError(f"NeuronField.with_spec: an anchored field of width {h} can widen its anchor (by "
+                                 f"repeating its neurons) but not narrow it to {wide}")
+            idx = torch.arange(wide, device=self.anchor.device) % h
+            (w1, w2), (b1, b2) = self.spec.weights(self.anchor), self.spec.biases(self.anchor)
+            state["anchor"] = spec.pack([w1[:, idx], w2[:, :, idx]], [b1[:, idx], b2])
+        new = NeuronField(spec, **self.kwargs).to(self.head[-1].weight)
+        new.load_state_dict(state)
         return new
 
 
@@ -547,13 +534,16 @@ def gnn_field(spec: MLPSpec, layer: str = "relational_transformer", dim: int = 3
 
 
 #: every field class by its ``kind`` (what :func:`field_from_config` rebuilds from a saved config)
-FIELDS = {"gnn": GNNField, "flat": FlatField, "neuron": NeuronField, "neuron_graph": NeuronGraphField}
+FIELDS = {"gnn": GNNField, "flat": FlatField, "neuron": NeuronField}
+#: kinds that older saved flows carry, and the field that reads them now
+FIELD_ALIASES = {"neuron_graph": "neuron"}
 
 
 def field_from_config(cfg: dict) -> WeightField:
     """Rebuild an (untrained) field from its ``config()``."""
     cfg = dict(cfg)
     kind = cfg.pop("kind")
+    kind = FIELD_ALIASES.get(kind, kind)
     if kind not in FIELDS:
         raise ValueError(f"field_from_config: unknown field kind {kind!r}; expected one of {tuple(FIELDS)}")
     spec, cfg = split_spec_config(cfg)

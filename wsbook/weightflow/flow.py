@@ -84,7 +84,7 @@ class WeightFlow:
     Args:
         chart: where the flow runs (:class:`EuclideanChart`, :class:`NormalizedChart`, :class:`GeometricChart`).
         field: a :class:`~wsbook.weightflow.fields.WeightField` ``field(t, x) -> [B, D]`` over the flat weight
-            layout (:func:`gnn_field`, :class:`FlatField`, :class:`NeuronField`, :class:`NeuronGraphField`;
+            layout (:func:`gnn_field`, :class:`FlatField`, :class:`NeuronField`;
             for CNNs :class:`~wsbook.weightflow.cnn_fields.ChannelField` or :class:`FlatField`), built for the
             chart's spec: two architectures with the same number of parameters read each
             other's weights as garbage, so another spec raises ``ValueError``. Any other module
@@ -482,7 +482,7 @@ class WeightFlow:
     def _check_protocol(self, where: str) -> None:
         if not isinstance(self.field, WeightField):
             raise TypeError(f"{where}: the field {type(self.field).__name__} is not a WeightField (spec, config, "
-                            "with_spec); use gnn_field, FlatField, NeuronField, NeuronGraphField or ChannelField, "
+                            "with_spec); use gnn_field, FlatField, NeuronField or ChannelField, "
                             "or subclass wsbook.weightflow.WeightField")
 
     def state_dict(self) -> dict:
