@@ -391,6 +391,67 @@ def test_weight_matching_objective_candidates_and_convergence_flag():
         S.weight_matching(spec, ref, zoo, init=[torch.zeros(9, dtype=torch.long)] + [torch.arange(w) for w in (23, 5, 17)])
 
 
+
+def _matching_cases():
+    """Weight matching on unrelated networks (many local optima, so every sweep and tie-break matters):
+    the benchmark's pair and zoo, per-member references, init, signs, Gaussians and a CNN."""
+    g = _gen(30)
+    spec = MLPSpec((64, 128, 128, 128, 10))
+    ref, zoo = spec.init(1, generator=g), spec.init(3, generator=g)
+    yield "bench pair", spec, zoo[:1], S.weight_matching(spec, ref, zoo[:1], generator=_gen(3))
+    yield "bench zoo restarts", spec, zoo, S.weight_matching(spec, ref, zoo, restarts=2, generator=_gen(4))
+    spec = MLPSpec((6, 20, 20, 20, 3))
+    ref, zoo = spec.init(1, generator=g), spec.init(7, generator=g)
+    yield "mlp per-member refs", spec, zoo, S.weight_matching(spec, zoo.flip(0), zoo, restarts=3, generator=_gen(5))
+    init = [torch.randperm(20, generator=g) for _ in range(3)]
+    yield "mlp init backward", spec, zoo, S.weight_matching(spec, ref, zoo, starts=("backward", "identity"), init=init,
+                                                             restarts=1, generator=_gen(6))
+    tanh = MLPSpec((5, 16, 16, 9, 2), activation="tanh")
+    ref, zoo = tanh.init(1, generator=g), tanh.init(5, generator=g)
+    yield "sign-aware", tanh, zoo, S.sign_aware_weight_matching(tanh, ref, zoo, restarts=2, generator=_gen(7))
+    mean, std = spec.init(4, generator=g), 0.05 + 0.1 * torch.rand(4, spec.n_params, generator=g)
+    yield "variational", spec, (mean, std), S.variational_matching(spec, mean[:1], std[:1], mean, std, restarts=1,
+                                                                    generator=_gen(8))
+    cnn = CNNSpec(2, (5, 7, 4), kernel_size=3, n_classes=3)
+    ref, zoo = cnn.init(1, generator=g, device="cpu"), cnn.init(4, generator=g, device="cpu")
+    yield "cnn", cnn, zoo, S.weight_matching(cnn, ref, zoo, restarts=1, generator=_gen(9))
+
+
+#: sha-256 (first 16 hex digits) of each case's permutations and signs, computed by the implementation
+#: before issue 36's speed-ups (commit ff6d7d9): the faster code must return the very same elements
+MATCHING_DIGESTS = {
+    "bench pair": "29a67108410a03e4",
+    "bench zoo restarts": "6ba921d663e6529d",
+    "mlp per-member refs": "727f306e2ca97a04",
+    "mlp init backward": "59db3999b65b289a",
+    "sign-aware": "ae5facc977b644bd",
+    "variational": "e5fb5f44b03c27b8",
+    "cnn": "1687b48072899834",
+}
+
+
+def _digest(tensors):
+    import hashlib
+
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.to(torch.int64).contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def test_weight_matching_returns_the_reference_elements():
+    for name, spec, theta, res in _matching_cases():
+        signs = getattr(res, "signs", None)
+        assert _digest(list(res.perms) + list(signs or [])) == MATCHING_DIGESTS[name], name
+        # the aligned networks are the population moved by exactly those elements
+        if isinstance(theta, tuple):
+            torch.testing.assert_close(res.mean, S.permute(spec, theta[0], res.perms), rtol=0, atol=0)
+            torch.testing.assert_close(res.std, S.permute(spec, theta[1], res.perms), rtol=0, atol=0)
+            continue
+        moved = S.permute(spec, theta, res.perms)
+        assert torch.equal(res.aligned, moved if signs is None else S.flip_signs(spec, moved, signs)), name
+
+
 # ----------------------------------------------------------------- CNNs through the same code
 def test_cnn_alignment_and_canonicalization():
     g = _gen(23)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import lap
 import numpy as np
@@ -124,6 +124,8 @@ def _shape_along(ndim: int, axis: int, n: int, width: int) -> list[int]:
 
 #: bytes of one member's largest parameter tensor times the members per block of cost matrices on a CPU
 CPU_BLOCK_BYTES = 1 << 20
+#: most bytes kept per layer for the cost terms that no other layer changes (one ``[B, w, w]`` per layer)
+FIXED_BYTES = 1 << 26
 
 
 class _Matcher:
@@ -157,6 +159,10 @@ class _Matcher:
         # of 128-wide layers (benchmarks/bench_peer_alignment.py). A GPU takes all rows in one product.
         per_member = max(t[0].numel() for views in self.others for t in views.values()) * others[0].element_size()
         self.block = self.n_rows if self.dev.type != "cpu" else max(1, CPU_BLOCK_BYTES // per_member)
+        # the leading terms of a layer's cost that no other group acts on (the first layer's incoming weights,
+        # a bias) are the same at every visit: summed once per member, in the order cost() sums them
+        self.flat = others
+        self.fixed = [self._fixed(h) for h in range(len(self.groups))]
 
     def _views(self, theta: Tensor) -> dict[tuple[str, int], Tensor]:
         out = {("W", l): w for l, w in enumerate(self.spec.weights(theta))}
@@ -179,6 +185,40 @@ class _Matcher:
                 t = t * sgn[h].reshape(shape)
         return t
 
+    def _fixed(self, h: int) -> tuple[int, Tensor | None]:
+        """How many leading axes of group ``h`` are acted on by ``h`` alone, and their summed cost ``[B, w, w]``."""
+        lead = 0
+        for ax in self.groups[h].axes:
+            if len(self.acting[(ax.kind, ax.layer)]) > 1:
+                break
+            lead += 1
+        w = self.groups[h].width
+        if lead == 0 or self.B * w * w * self.flat[0].element_size() > FIXED_BYTES:     # else recomputed per visit
+            return 0, None
+        return lead, self._terms(h, torch.arange(self.B, device=self.dev), lambda t: t, None, range(lead))
+
+    def _terms(self, h: int, rows: Tensor, take: Callable[[Tensor], Tensor], known: set[int] | None, axes: range,
+               cost: Tensor | None = None) -> Tensor | None:
+        """``cost`` plus the products of the axes ``axes`` of group ``h`` (see :meth:`cost`)."""
+        n, w = rows.shape[0], self.groups[h].width
+        perms = {g: self.perms[g][rows] for g in self.neighbours[h]}
+        sgn = {g: self.sgn[g][rows] for g in self.neighbours[h]} if self.signs else {}
+        for i in axes:
+            ax = self.groups[h].axes[i]
+            key = (ax.kind, ax.layer)
+            if known is not None and any(g != h and g not in known for g in self.acting[key].values()):
+                continue
+            for ref, moved, other in zip(self.refs, self.ref_moved[h][i], self.others):
+                if moved is not None:
+                    r = moved.expand(n, -1, -1)
+                else:
+                    r = take(ref[key])
+                    r = r.movedim(ax.dim + 1, 1).reshape(r.shape[0], w, -1)
+                t = self._apply_others(take(other[key]), key, h, perms, sgn)
+                t = t.movedim(ax.dim + 1, 1).reshape(t.shape[0], w, -1)
+                cost = torch.bmm(r, t.transpose(1, 2)) if cost is None else cost.baddbmm_(r, t.transpose(1, 2))
+        return cost
+
     def cost(self, h: int, rows: Tensor, known: set[int] | None = None) -> Tensor:
         """``[n, w, w]``: ``C[i, j]`` is the objective gained by placing old neuron ``j`` at position ``i`` of
         hidden layer ``h`` for the given rows (ascending), with all other groups at their current elements.
@@ -187,28 +227,34 @@ class _Matcher:
         n, w = rows.shape[0], self.groups[h].width
         if n == 0:
             return torch.zeros(0, w, w, device=self.dev, dtype=self.dtype)
-        lo, hi = rows[[0, -1]].tolist()
-        # a range of rows within one candidate (the usual case) takes a view of the population, not a copy
-        take = slice(lo % self.B, lo % self.B + n) if hi - lo == n - 1 and lo // self.B == hi // self.B else rows % self.B
-        perms = {g: self.perms[g][rows] for g in self.neighbours[h]}
-        sgn = {g: self.sgn[g][rows] for g in self.neighbours[h]} if self.signs else {}
-        cost = None
-        for ax, ref_moved in zip(self.groups[h].axes, self.ref_moved[h]):
-            key = (ax.kind, ax.layer)
-            if known is not None and any(g != h and g not in known for g in self.acting[key].values()):
-                continue
-            for ref, moved, other in zip(self.refs, ref_moved, self.others):
-                if moved is not None:
-                    r = moved.expand(n, -1, -1)
-                else:
-                    r = ref[key][take]
-                    r = r.movedim(ax.dim + 1, 1).reshape(r.shape[0], w, -1)
-                t = self._apply_others(other[key][take], key, h, perms, sgn)
-                t = t.movedim(ax.dim + 1, 1).reshape(t.shape[0], w, -1)
-                cost = torch.bmm(r, t.transpose(1, 2)) if cost is None else cost.baddbmm_(r, t.transpose(1, 2))
+        if self.B == 1:        # every row is a candidate of the one member: a broadcast view, no host sync
+            take = lambda t: t[:1].expand(n, *t.shape[1:])  # noqa: E731
+        else:
+            lo, hi = rows[[0, -1]].tolist()
+            # a range of rows within one candidate (the usual case) takes a view of the population, not a copy
+            same = hi - lo == n - 1 and lo // self.B == hi // self.B
+            index = slice(lo % self.B, lo % self.B + n) if same else rows % self.B
+            take = lambda t: t[index]  # noqa: E731
+        lead, fixed = self.fixed[h]
+        cost = None if fixed is None else take(fixed).clone()
+        cost = self._terms(h, rows, take, known, range(lead, len(self.groups[h].axes)), cost)
         if cost is None:
             return torch.zeros(n, w, w, device=self.dev, dtype=self.dtype)
         return cost
+
+    def moved(self, rows: Tensor) -> list[Tensor]:
+        """Each channel's networks of ``rows`` with their current elements applied, ``[n, D]`` (the same
+        gathers as :func:`permute` and :func:`flip_signs`, without their validation)."""
+        perms = {g: p[rows] for g, p in enumerate(self.perms)}
+        sgn = {g: s[rows] for g, s in enumerate(self.sgn)} if self.signs else {}
+        out = []
+        for theta in self.flat:
+            moved = theta[rows % self.B]
+            for key, t in self._views(moved).items():
+                if key in self.acting:
+                    t.copy_(self._apply_others(t, key, -1, perms, sgn))
+            out.append(moved)
+        return out
 
     def update(self, jobs: list[tuple[int, Tensor, set[int] | None]]) -> list[Tensor]:
         """One exact assignment step for each job ``(layer h, rows, known)`` (see :meth:`cost`); the jobs
@@ -223,7 +269,8 @@ class _Matcher:
             picked = cost.gather(2, new.unsqueeze(2)).squeeze(2)
             return new, torch.where(picked < 0, -1.0, 1.0).to(self.dtype), seconds
 
-        tasks = [(h, block, known) for h, rows, known in jobs for block in rows.split(self.block)]
+        tasks = [(h, block, known) for h, rows, known in jobs
+                 for block in (rows.split(self.block) if rows.numel() > self.block else (rows,))]
         workers = min(torch.get_num_threads(), len(tasks))
         if workers > 1 and sum(rows.numel() for _, rows, _ in jobs) > self.block:
             # the cost of the next block is built by torch (which releases the GIL) while earlier blocks'
@@ -265,30 +312,33 @@ class _Matcher:
         sweep costs nothing). At each step all rows (every candidate of every member) are solved together,
         grouped by the layer they visit. Returns ``(converged [K*B], sweeps)``."""
         L = len(self.groups)
-        active = torch.ones(self.n_rows, dtype=torch.bool, device=self.dev)
-        stale = torch.ones(L, self.n_rows, dtype=torch.bool, device=self.dev)     # [layer, row]: must solve
-        candidate = torch.arange(self.n_rows, device=self.dev) // self.B
+        # the bookkeeping is a few booleans per row: host arrays, far cheaper per step than tensor operations
+        active = np.ones(self.n_rows, dtype=bool)
+        stale = np.ones((L, self.n_rows), dtype=bool)                              # [layer, row]: must solve
+        candidate, row = np.arange(self.n_rows) // self.B, np.arange(self.n_rows)
         sweeps = 0
-        while sweeps < max_iter and bool(active.any()):
+        while sweeps < max_iter and active.any():
             sweeps += 1
             order = fixed
             if self.K > fixed.shape[0]:
                 random = torch.rand(self.K - fixed.shape[0], L, generator=generator).argsort(1)
                 order = torch.cat([fixed, random])
-            visits = order.to(self.dev)[candidate]                                  # [K*B, L]
-            changed = torch.zeros(self.n_rows, dtype=torch.bool, device=self.dev)
+            visits = order.numpy()[candidate]                                       # [K*B, L]
+            changed = np.zeros(self.n_rows, dtype=bool)
             for step in range(L):
                 visit = visits[:, step]                                             # [K*B]
-                due = (active & stale.gather(0, visit[None]).squeeze(0)).nonzero().flatten()
-                layer = visit[due]
-                jobs = [(h, due[layer == h], None) for h in layer.unique().tolist()]
-                for (h, rows, _), moved in zip(jobs, self.update(jobs)):
-                    changed[rows] |= moved
-                    stale[h, rows] = False
+                due = active & stale[visit, row]
+                layers = np.bincount(visit[due], minlength=L).nonzero()[0].tolist()
+                rows = [np.flatnonzero(due & (visit == h)) for h in layers]
+                jobs = [(h, torch.from_numpy(r).to(self.dev), None) for h, r in zip(layers, rows)]
+                for h, r, moved in zip(layers, rows, self.update(jobs)):
+                    moved = moved.cpu().numpy()
+                    changed[r] |= moved
+                    stale[h, r] = False
                     for g in self.neighbours[h]:
-                        stale[g, rows[moved]] = True
+                        stale[g, r[moved]] = True
             active &= changed
-        return ~active, sweeps
+        return torch.from_numpy(~active).to(self.dev), sweeps
 
 
 STARTS = ("forward", "backward", "identity")
@@ -349,10 +399,7 @@ def _match(spec: NetSpec, refs: list[Tensor], others: list[Tensor], *, signs: bo
     per_call = max(1, SCORE_BYTES // (B * sum(t[0].numel() * t.element_size() for t in others)))
     for first in range(0, K, per_call):
         n = min(per_call, K - first)
-        cands = slice(first * B, (first + n) * B)
-        perms = [p[cands] for p in m.perms]
-        sgn = [s[cands] for s in m.sgn] if signs else None
-        moved = [_act(spec, t.repeat(n, 1), perms, sgn).view(n, B, -1) for t in others]
+        moved = [t.view(n, B, -1) for t in m.moved(torch.arange(first * B, (first + n) * B, device=m.dev))]
         objective, pick = sum((ref * t).sum(2) for ref, t in zip(refs, moved)).max(0)   # the first of equals
         moved = [t[pick, member] for t in moved]
         if first == 0:
@@ -366,11 +413,6 @@ def _match(spec: NetSpec, refs: list[Tensor], others: list[Tensor], *, signs: bo
     return {"perms": [p[pick] for p in m.perms], "signs": [s[pick] for s in m.sgn] if signs else None,
             "aligned": aligned, "objective": best_objective, "converged": converged[pick],
             "sweeps": sweeps, "candidates": K, "hungarian_seconds": m.hungarian_seconds}
-
-
-def _act(spec: NetSpec, theta: Tensor, perms: list[Tensor], signs: list[Tensor] | None) -> Tensor:
-    moved = permute(spec, theta, perms)
-    return moved if signs is None else flip_signs(spec, moved, signs)
 
 
 # --------------------------------------------------------- weight matching
