@@ -106,6 +106,31 @@ def test_small_batches_get_the_network_simplex_permutation():
             assert torch.equal(flows.ot_assignment(cost), torch.as_tensor(simplex))
 
 
+def test_euclidean_ot_coupling_pairs_as_the_squared_distance_assignment():
+    # the Euclidean coupling solves on inner products (the norms change every assignment's total alike): on
+    # random batches it must pair exactly as SciPy's solver on the squared distances, in both solver branches
+    from scipy.optimize import linear_sum_assignment
+    g = torch.Generator().manual_seed(11)
+    for n, repeats in ((2, 10), (17, 10), (flows.couplings.HUNGARIAN_MAX_BATCH, 20), (96, 3), (160, 2)):
+        for dim in (2, 3, 16):
+            for _ in range(repeats):
+                x0, x1 = torch.randn(n, dim, generator=g), 2 * torch.randn(n, dim, generator=g) + 1
+                cost = flows.OTCoupling().cost(x0, x1).double().numpy()
+                assert torch.equal(flows.OTCoupling()(x0, x1)[1], x1[linear_sum_assignment(cost)[1]])
+    # in one dimension the optimum is the sorted pairing; near-ties there are resolved by the float products,
+    # so only the total is compared (exact arithmetic on the float inputs)
+    for n in (64, 200):
+        x0, x1 = torch.randn(n, 1, generator=g), 2 * torch.randn(n, 1, generator=g) + 1
+        paired = flows.OTCoupling()(x0, x1)[1]
+        exact = lambda a, b: ((a.double() - b.double()) ** 2).sum().item()  # noqa: E731
+        best = exact(x0.sort(0).values, x1.sort(0).values)
+        assert exact(x0, paired) <= best * (1 + 1e-9)
+    # repeated points tie several assignments; the re-paired points are the same whichever is taken
+    x0, x1 = torch.randn(64, 2, generator=g), torch.randn(16, 2, generator=g).repeat(4, 1)
+    expected = linear_sum_assignment(flows.OTCoupling().cost(x0, x1).double().numpy())[1]
+    assert torch.equal(flows.OTCoupling()(x0, x1)[1], x1[expected])
+
+
 def test_ot_failure_raises_instead_of_falling_back():
     with pytest.raises(ValueError, match="NaN"):
         flows.ot_assignment(torch.tensor([[0.0, float("nan")], [1.0, 0.0]]))

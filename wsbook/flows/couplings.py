@@ -87,7 +87,15 @@ class OTCoupling:
     def __call__(self, x0: Tensor, x1: Tensor) -> tuple[Tensor, Tensor]:
         _check_pair(x0, x1)
         with torch.no_grad():
-            perm = ot_assignment(self.cost(x0, x1))
+            if self.manifold is None:
+                # sum_i |x0_i - x1_perm(i)|^2 = (sum of all squared norms) - 2 sum_i <x0_i, x1_perm(i)>, so the
+                # inner products alone have the same optimal assignment, and without the norms both solvers
+                # reach it sooner (benchmarks/bench_ot.py); at least float32, as half precision would round them
+                dtype = torch.promote_types(x0.dtype, torch.float32)
+                cost = -(x0.to(dtype) @ x1.to(dtype).T)
+            else:
+                cost = self.manifold.pairwise_sqdist(x0, x1)
+            perm = ot_assignment(cost)
         return x0, x1[perm]
 
 
