@@ -319,7 +319,7 @@ class NeuronField(WeightField):
 
     Either way a per-coordinate linear term ``(a + b t) x``, shared by the neurons of a layer, starts at
     zero, and no parameter depends on a hidden width, so :meth:`with_spec` samples networks of other hidden
-    widths. Chapter 8 compares the field with the message-passing GNN on breast cancer, chapter 8b on MNIST
+    widths. Chapter 8 compares the field with the message-passing GNN on breast cancer; Chapter 8b on MNIST
     784-10-10 (and its transfer to 784-32-10).
 
     Args:
