@@ -4,6 +4,9 @@ Usage: ``python tests/gates.py [unit|chapters|book|browser ...]`` (no argument: 
 Chapters run at ``ci`` scale unless ``WSBOOK_SCALE`` is set (the Makefile sets ``ci``); the nbval run and the book build share one cache directory so the book
 build reuses what the chapter run computed.
 
+Each gate uses every CPU core (up to 4; ``WSBOOK_TEST_WORKERS`` overrides): pytest-xdist workers for the unit
+tests, the notebooks and the browser, and ``python -m wsbook --jobs`` for the precomputation.
+
 With ``WSBOOK_STRICT_CHAPTERS=1`` (``make test`` sets it) the chapters gate first runs ``python -m wsbook`` for
 the command-line groups of the selected chapters (``chapter/08``, ``chapter/08b``, ``chapter/08c``, ``chapter/08d``,
 ``chapter/09``) into the gate's cache directory, then runs the chapters with ``WSBOOK_CACHE_STRICT=flows/``
@@ -57,6 +60,17 @@ def env_ci() -> dict[str, str]:
     return env
 
 
+def workers() -> int:
+    """pytest-xdist processes per gate: ``WSBOOK_TEST_WORKERS``, else one per CPU core up to 4 (each chapter's
+    kernel and each browser hold a few hundred MiB to a few GiB; most chapters run torch on one thread)."""
+    value = os.environ.get("WSBOOK_TEST_WORKERS", "").strip()
+    if value:
+        if not value.isdigit():
+            raise SystemExit(f"WSBOOK_TEST_WORKERS must be a non-negative integer; got {value!r}")
+        return int(value)
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
 def run(cmd: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> int:
     print("+", " ".join(cmd), flush=True)
     return subprocess.call(cmd, env=env or env_ci(), cwd=cwd)
@@ -64,7 +78,7 @@ def run(cmd: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> 
 
 def gate_unit(extra: list[str]) -> int:
     return run([str(BIN / "python"), "-m", "pytest", "tests", "-m", "not book", "-q", "-p", "no:cacheprovider",
-                *extra])
+                "-n", str(workers()), *extra])
 
 
 #: the artifact-name prefixes that chapters may only load, never compute, in the strict chapters gate
@@ -96,7 +110,8 @@ def gate_chapters(extra: list[str]) -> int:
         groups = cli_groups(selected)
         if groups:
             start = time.perf_counter()
-            code = run([str(BIN / "python"), "-m", "wsbook", *groups, "--scale", env["WSBOOK_SCALE"]], env=env)
+            code = run([str(BIN / "python"), "-m", "wsbook", *groups, "--scale", env["WSBOOK_SCALE"], "--jobs",
+                        str(max(workers(), 1))], env=env)
             print(f"python -m wsbook {' '.join(groups)}: {time.perf_counter() - start:.1f} s", flush=True)
             if code:
                 return code
@@ -114,8 +129,10 @@ def gate_chapters(extra: list[str]) -> int:
         if not notebooks:
             print("no chapters selected")
             return 1
+        # one notebook per worker process (--dist loadfile keeps a notebook's cells in order in one kernel)
         return run([str(BIN / "python"), "-m", "pytest", "--nbval-lax", "--nbval-current-env",
-                    "--nbval-cell-timeout=600", "-p", "no:cacheprovider", "-q", "--rootdir", tmp, *notebooks],
+                    "--nbval-cell-timeout=600", "-p", "no:cacheprovider", "-q", "-n", str(workers()),
+                    "--dist", "loadfile", "--rootdir", tmp, *notebooks],
                    env=env, cwd=Path(tmp))
 
 
@@ -133,7 +150,7 @@ def gate_browser(extra: list[str]) -> int:
     env = env_ci()
     env["WSBOOK_HTML_DIR"] = str(CI_BUILD / "_build" / "html")
     return run([str(BIN / "python"), "-m", "pytest", "tests/test_browser.py", "-m", "book", "-q", "-p",
-                "no:cacheprovider", *extra], env=env)
+                "no:cacheprovider", "-n", str(workers()), *extra], env=env)
 
 
 GATES = {"unit": gate_unit, "chapters": gate_chapters, "book": gate_book, "browser": gate_browser}
