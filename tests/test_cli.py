@@ -131,21 +131,3 @@ def test_chapter_groups_name_the_results_chapters_flows(env):
     assert {n for n in registry if n.startswith("flow/posterior/")} <= chosen["chapter/08c"]
     assert chosen["chapter/09"] <= set.union(*(chosen[g] for g in ("chapter/08", "chapter/08b", "chapter/08c",
                                                                    "chapter/08d")))
-
-
-def test_jobs_share_the_work_and_write_what_one_process_writes(env, capsys, monkeypatch):
-    """``--jobs 2``: this process and a second one walk the artifacts from different starting points; the
-    cache's entry locks let each entry be computed once, and the entries equal those of one process."""
-    names = ["zoo/breast_cancer", "zoo/cnn_digits_w16"]
-    assert cli.main([*names, "--jobs", "2"]) == 0
-    shared = {p.name: p for p in (env / "cache").rglob("*.pt")}
-    monkeypatch.setenv("WSBOOK_CACHE_DIR", str(env / "alone"))
-    assert cli.main(names) == 0
-    alone = {p.name: p for p in (env / "alone").rglob("*.pt")}
-    assert len(shared) == 2 and shared.keys() == alone.keys()
-    for name in shared:
-        a, b = (torch.load(d[name], weights_only=True)["value"] for d in (shared, alone))
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a if torch.is_tensor(a[k]))
-    capsys.readouterr()
-    assert "not one of the selected" in _one_line_error(capsys, [*names, "--start-at", "zoo/mnist5k"], 2)
-    assert "--jobs must be a positive integer" in _one_line_error(capsys, [*names, "--jobs", "0"], 2)

@@ -6,16 +6,11 @@
     python -m wsbook zoos hmc --scale full           # compute what is missing (names, groups or patterns)
     python -m wsbook 'flow/mnist/*' --scale default
     torchrun --nproc-per-node 4 -m wsbook chapter/08 --scale full     # the same work over 4 processes
-    python -m wsbook chapter/08 --scale default --jobs 2              # 2 processes, artifact by artifact
 
 Every artifact is a call of the cached functions of :mod:`wsbook.experiments` with the arguments the
 chapters use, so the chapters find the entries and only load them. Under ``torchrun`` the processes share
 the work (:mod:`wsbook.distributed`): population members and HMC chains are split over the ranks and
-gathered, flows train with DistributedDataParallel, and rank 0 writes the cache and prints the summary. With
-``--jobs N`` instead, N independent processes walk the list of artifacts from different starting points and
-share them through the cache's entry locks (:func:`compute_in_processes`): no artifact is split, each is
-computed once, and the entries are those one process writes.
-
+gathered, flows train with DistributedDataParallel, and rank 0 writes the cache and prints the summary.
 Errors (an unknown artifact or scale, a cache directory that cannot be written, an optional artifact whose
 data is not on disk) are one line on stderr and a non-zero exit code. The optional artifacts (``zoo/mnist``:
 the full MNIST from ``WSBOOK_MNIST_DIR``; nothing is downloaded) are listed always, computed when named,
@@ -479,35 +474,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", help="ci, default or full (default: WSBOOK_SCALE, else default)")
     p.add_argument("--list", action="store_true", help="list the artifacts and whether each is cached, per scale")
     p.add_argument("--cache-dir", help="the cache directory (default: WSBOOK_CACHE_DIR, else the user cache)")
-    p.add_argument("--start-at", metavar="ARTIFACT", help="walk the selected artifacts from this one, wrapping "
-                   "round (what --jobs gives each of its processes)")
-    p.add_argument("--jobs", type=int, default=1, help="processes sharing the work through the cache (default 1; "
-                   "e.g. one per CPU core on a machine without a GPU)")
     return p
-
-
-def compute_in_processes(names: list[str], registry: dict[str, Artifact], jobs: int) -> int:
-    """Compute ``names`` with ``jobs`` processes on one machine: this one and ``jobs - 1`` more of the command
-    line, each walking the list from a different starting point. They share the cache, whose entry locks let
-    each artifact be computed once (a process that reaches one another is computing waits, then reads it); the
-    numbers are those of one process, since every artifact starts from the same random state. Returns the
-    first non-zero exit code, else 0."""
-    import subprocess
-
-    offsets = [i * len(names) // jobs for i in range(jobs)]
-    env = dict(os.environ, WSBOOK_PROGRESS="0")
-    others = [subprocess.Popen([sys.executable, "-m", "wsbook", *names, "--start-at", names[k]], env=env)
-              for k in offsets[1:]]
-    try:
-        with as_chapters():
-            compute(names, registry)
-    except BaseException:
-        for proc in others:
-            proc.terminate()
-        raise
-    finally:
-        codes = [proc.wait() for proc in others]
-    return next((c for c in codes if c), 0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -533,25 +500,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         skipped: dict[str, str] = {}
         names = select(args.artifacts, registry, skipped)
         check_cache_dir()
-        if args.start_at is not None:
-            if args.start_at not in names:
-                raise CLIError(f"--start-at {args.start_at!r} is not one of the selected artifacts")
-            k = names.index(args.start_at)
-            names = names[k:] + names[:k]
-        if args.jobs < 1:
-            raise CLIError(f"--jobs must be a positive integer; got {args.jobs}")
         distributed.init()
-        if args.jobs > 1 and distributed.world_size() > 1:
-            distributed.close()
-            raise CLIError("--jobs starts processes on this machine; under torchrun the ranks share the work")
         if distributed.is_main():
             for name, reason in skipped.items():
                 print(f"python -m wsbook: note: skipping {name} ({reason})", file=sys.stderr)
         if not distributed.is_main():
             os.environ["WSBOOK_PROGRESS"] = "0"        # one progress bar: rank 0's
         config.tune_allocator()
-        if args.jobs > 1:
-            return compute_in_processes(names, registry, args.jobs)
         try:
             with as_chapters():
                 compute(names, registry)
@@ -564,4 +519,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = ["Artifact", "CLIError", "artifacts", "groups", "select", "is_cached", "list_artifacts", "compute",
-           "compute_in_processes", "as_chapters", "main"]
+           "as_chapters", "main"]

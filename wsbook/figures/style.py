@@ -57,19 +57,31 @@ METHOD_LABELS: dict[str, str] = {
     "sign_aware_weight_matching": "sign-aware weight matching", "pna": "PNA",
     "relational_transformer": "relational transformer", "mlp": "MLP", "mlp_augmented": "MLP (augmented)",
     "kendall_tau": "Kendall τ", "r2": "R²",
-    # the CNN page's flows (wsbook.experiments.flows.cnn_candidates)
-    "channel_euclidean_aligned_ot": "channel field, Euclidean, aligned + OT",
-    "channel_geometric_aligned_ot": "channel field, Geometric, aligned + OT",
     # metric columns
     "nll": "test NLL", "ece": "ECE", "brier": "Brier", "accuracy": "accuracy",
     "agreement": "agreement with HMC", "tv": "total variation to HMC", "seconds": "seconds",
+    "mmd2": "MMD²", "mmd_ratio": "MMD² / floor", "nn_train": "distance to nearest training network",
+    "nn_train / nn_held": "nearest-neighbour ratio", "w2": "W2", "w2 / floor": "W2 / floor",
+    "bma_accuracy": "BMA-64 accuracy", "bma_nll": "BMA-64 NLL", "train_seconds": "training seconds",
 }
 
 
+#: How the words of a flow's identifier (``neuron_euclidean_aligned_ot``) read in a table or legend.
+FLOW_WORDS = {"euclidean": "Euclidean", "normalized": "Normalized", "geometric": "Geometric", "gnn": "GNN field",
+              "neuron": "neuron field", "channel": "channel field", "flat": "flat field"}
+
+
 def label(name: str) -> str:
-    """The readable name of a method or metric identifier (``sgd_trajectory`` -> ``Adam checkpoints``);
-    names that are not identifiers are returned unchanged."""
-    return METHOD_LABELS.get(str(name), str(name).replace("_", " ") if "_" in str(name) else str(name))
+    """The readable name of a method, metric or flow identifier (``sgd_trajectory`` -> ``Adam checkpoints``,
+    ``neuron_euclidean_aligned_ot`` -> ``neuron field, Euclidean, aligned + OT``); names that are not
+    identifiers are returned unchanged."""
+    name = str(name)
+    if name in METHOD_LABELS:
+        return METHOD_LABELS[name]
+    words = name.replace("aligned_ot", "aligned + OT").split("_")
+    if any(w in ("euclidean", "normalized", "geometric") for w in words):     # a flow: field, chart, variant
+        return ", ".join(FLOW_WORDS.get(w, w) for w in words)
+    return name.replace("_", " ")
 
 
 #: The posterior chapter's other rows (:mod:`wsbook.experiments.posterior_flows`), by the names they are
