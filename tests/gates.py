@@ -4,8 +4,10 @@ Usage: ``python tests/gates.py [unit|chapters|book|browser ...]`` (no argument: 
 Chapters run at ``ci`` scale unless ``WSBOOK_SCALE`` is set (the Makefile sets ``ci``); the nbval run and the book build share one cache directory so the book
 build reuses what the chapter run computed.
 
-Each gate uses every CPU core (up to 4; ``WSBOOK_TEST_WORKERS`` overrides): pytest-xdist workers for the unit
-tests, the notebooks and the browser, and ``python -m wsbook --jobs`` for the precomputation.
+The notebooks and the browser checks run in pytest-xdist workers, one per CPU core up to 4
+(``WSBOOK_TEST_WORKERS`` overrides; 0 runs them in one process); with more than one worker every notebook's
+torch runs on one thread (``OMP_NUM_THREADS=1``), since thread pools of several kernels on the same cores
+spin against each other.
 
 With ``WSBOOK_STRICT_CHAPTERS=1`` (``make test`` sets it) the chapters gate first runs ``python -m wsbook`` for
 the command-line groups of the selected chapters (``chapter/08``, ``chapter/08b``, ``chapter/08c``, ``chapter/08d``,
@@ -78,7 +80,7 @@ def run(cmd: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> 
 
 def gate_unit(extra: list[str]) -> int:
     return run([str(BIN / "python"), "-m", "pytest", "tests", "-m", "not book", "-q", "-p", "no:cacheprovider",
-                "-n", str(workers()), *extra])
+                *extra])
 
 
 #: the artifact-name prefixes that chapters may only load, never compute, in the strict chapters gate
@@ -110,8 +112,7 @@ def gate_chapters(extra: list[str]) -> int:
         groups = cli_groups(selected)
         if groups:
             start = time.perf_counter()
-            code = run([str(BIN / "python"), "-m", "wsbook", *groups, "--scale", env["WSBOOK_SCALE"], "--jobs",
-                        str(max(workers(), 1))], env=env)
+            code = run([str(BIN / "python"), "-m", "wsbook", *groups, "--scale", env["WSBOOK_SCALE"]], env=env)
             print(f"python -m wsbook {' '.join(groups)}: {time.perf_counter() - start:.1f} s", flush=True)
             if code:
                 return code
@@ -130,6 +131,8 @@ def gate_chapters(extra: list[str]) -> int:
             print("no chapters selected")
             return 1
         # one notebook per worker process (--dist loadfile keeps a notebook's cells in order in one kernel)
+        if workers() > 1:
+            env["OMP_NUM_THREADS"] = "1"
         return run([str(BIN / "python"), "-m", "pytest", "--nbval-lax", "--nbval-current-env",
                     "--nbval-cell-timeout=600", "-p", "no:cacheprovider", "-q", "-n", str(workers()),
                     "--dist", "loadfile", "--rootdir", tmp, *notebooks],
