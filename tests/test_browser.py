@@ -145,7 +145,7 @@ def test_chapter_page_reads_cleanly(server, browser, page):
 
 # The results pages show the networks themselves, not only tables: figure name -> what it draws.
 RESULT_FIGURES = {
-    "08b_mnist.html": ("fig-mn-accuracy", "fig-mn-pca", "fig-mn-first-layer"),
+    "08b_mnist.html": ("fig-mn-accuracy", "fig-mn-pca", "fig-mn-first-layer", "fig-mn-training"),
     "08c_posterior.html": ("fig-post-points", "fig-post-reliability"),
     "08d_cnn.html": ("fig-cnn-accuracy", "fig-cnn-filters"),
 }
@@ -153,8 +153,8 @@ RESULT_FIGURES = {
 
 @pytest.mark.parametrize("name", sorted(RESULT_FIGURES))
 def test_result_pages_show_the_networks(server, browser, name):
-    """Per-network accuracies, principal components of aligned weights and first layers as images (MNIST
-    page); the predictive test point by test point and a reliability diagram (posterior page): each a
+    """Per-network accuracies, principal components of aligned weights, first layers as images and the fields'
+    training curves (MNIST page); the predictive test point by test point and a reliability diagram (posterior page): each a
     named, captioned figure whose plot is drawn."""
     page = next((p for p in chapter_pages() if p.name == name), None)
     assert page is not None, f"no chapter page {name} in {HTML}"

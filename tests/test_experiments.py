@@ -411,3 +411,18 @@ def test_compare_learned_alignment_runs_on_cnns_through_the_same_code():
         assert abs(res[m]["barrier"]) < 1e-5, m
     assert res["learned_sinkhorn"]["seconds_per_pair"] >= res["learned"]["seconds_per_pair"]
     assert (res["naive"]["curve"][12] - res["naive"]["curve"][0]).abs() > 1e-3
+
+
+def test_training_curves_read_each_loss_over_its_first_tenth():
+    from wsbook import figures
+
+    falling = torch.linspace(2.0, 0.5, 200)
+    rel = figures.relative_losses(falling, smooth=1)
+    assert rel[0] == pytest.approx(2.0 / falling[:20].mean().item()) and rel[-1] < 1 < rel[0]
+    assert figures.relative_losses(torch.ones(50)).tolist() == [1.0] * 50
+    assert len(figures.relative_losses(falling)) == 200 - 4 + 1          # a moving average over 4 steps
+    fig = figures.training_curves({"plain baseline": falling, "geometric_aligned_ot": torch.ones(300)})
+    assert [t.name for t in fig.data] == ["plain baseline", "Geometric, aligned + OT"]
+    assert fig.layout.yaxis.type == "log" and fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
+    with pytest.raises(ValueError, match="finite"):
+        figures.relative_losses(torch.tensor([1.0, float("nan")]))

@@ -144,6 +144,44 @@ def accuracy_histograms(accuracies: Mapping[str, np.ndarray | Tensor], *, title:
     return fig
 
 
+def relative_losses(losses: Tensor | np.ndarray, smooth: int | None = None) -> np.ndarray:
+    """A training loss ``[steps]`` over the mean of its first tenth of steps, as a moving average over
+    ``smooth`` steps (default: a fiftieth of the run, at least one): where a run ends below 1 its loss fell."""
+    v = np.asarray(torch.as_tensor(losses).detach().cpu().double()).reshape(-1)
+    if v.size == 0 or not np.isfinite(v).all():
+        raise ValueError("relative_losses: the losses must be a non-empty run of finite numbers")
+    w = max(1, v.size // 50) if smooth is None else int(smooth)
+    if w < 1:
+        raise ValueError(f"relative_losses: smooth must be a positive number of steps; got {smooth}")
+    avg = np.convolve(v, np.ones(w) / w, mode="valid")
+    return avg / v[: max(1, v.size // 10)].mean()
+
+
+def training_curves(losses: Mapping[str, Tensor | np.ndarray], *, title: str = "",
+                    colors: Mapping[str, str] | None = None) -> go.Figure:
+    """Flow-matching losses of several trained fields against the training step, each over its own first
+    tenth of steps (:func:`relative_losses`, log scale): fields trained on different charts have losses in
+    different units, and what the figure compares is how far and how fast each fell.
+
+    See the MNIST page (chapter 8b).
+
+    Args:
+        losses: method -> training losses ``[steps]`` (:attr:`wsbook.weightflow.FitResult.losses`).
+        title: figure title.
+        colors: colour per method (default: :func:`wsbook.figures.style.color`).
+    """
+    fig = go.Figure()
+    for name, run in losses.items():
+        y = relative_losses(run)
+        x = np.arange(y.size) + (np.asarray(run).size - y.size) // 2 + 1
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=style.label(name),
+                                 line=dict(color=_color(name, colors), width=1.8)))
+    fig.add_hline(y=1.0, line=dict(color="#999999", dash="dot"))
+    fig.update_layout(title=title, xaxis_title="training step", yaxis_title="loss / loss over the first tenth",
+                      yaxis_type="log", height=440)
+    return fig
+
+
 def pca_projection(fit: Tensor, sets: Mapping[str, Tensor], k: int = 2) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Project sets of points on the first ``k`` principal components of ``fit [N, D]``.
 
