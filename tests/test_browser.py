@@ -145,6 +145,8 @@ def test_chapter_page_reads_cleanly(server, browser, page):
 
 # The results pages show the networks themselves, not only tables: figure name -> what it draws.
 RESULT_FIGURES = {
+    "07_method.html": ("fig-wf-moons-panels", "fig-wf-moons-motion"),
+    "08_results.html": ("fig-res-verdict",),
     "08b_mnist.html": ("fig-mn-accuracy", "fig-mn-pca", "fig-mn-first-layer", "fig-mn-training"),
     "08c_posterior.html": ("fig-post-points", "fig-post-reliability"),
     "08d_cnn.html": ("fig-cnn-accuracy", "fig-cnn-filters"),
@@ -153,9 +155,11 @@ RESULT_FIGURES = {
 
 @pytest.mark.parametrize("name", sorted(RESULT_FIGURES))
 def test_result_pages_show_the_networks(server, browser, name):
-    """Per-network accuracies, principal components of aligned weights, first layers as images and the fields'
-    training curves (MNIST page); the predictive test point by test point and a reliability diagram (posterior page): each a
-    named, captioned figure whose plot is drawn."""
+    """Flow samples' decision boundaries beside trained networks and the flow in motion (chapter 7); the
+    verdict as a dot plot with intervals (chapter 8); per-network accuracies, principal components of aligned
+    weights, first layers as images and the fields' training curves (MNIST page); the predictive test point
+    by test point and a reliability diagram (posterior page): each a named, captioned figure whose plot is
+    drawn."""
     page = next((p for p in chapter_pages() if p.name == name), None)
     assert page is not None, f"no chapter page {name} in {HTML}"
     context = browser.new_context(viewport={"width": 1280, "height": 900})
