@@ -87,3 +87,11 @@ def test_split_runs_needs_room_for_three_parts():
     from types import SimpleNamespace
     with pytest.raises(ValueError, match="n_holdout"):
         protocol.split_runs(SimpleNamespace(runs=torch.arange(6), name="toy"), 2)
+
+
+def test_within_reads_a_gap_against_a_tolerance_with_both_errors():
+    # gap 0.01 with se hypot(0.003, 0.004) = 0.005: 0.02 below the tolerance 0.03 is 4 se
+    assert protocol.within(0.90, 0.003, 0.91, 0.004, 0.03) == "met"
+    assert protocol.within(0.80, 0.003, 0.91, 0.004, 0.03) == "missed"
+    assert protocol.within(0.875, 0.003, 0.91, 0.004, 0.03) == "level"
+    assert protocol.within(0.90, 0.0, 0.91, 0.0, 0.03) == protocol.verdict(0.01, 0.0, 0.03)

@@ -341,8 +341,8 @@ def transfer_rows(split: protocol.RunSplit, wide: targets.Zoo, trained: dict[int
         for col in ("accuracy", "nll", "bma_accuracy"):
             rows[label][col], rows[label][f"{col}_se"] = protocol.mean_se([u[col] for u in units])
     new, zoo_row, packed = (rows[r] for r in ("flow at the new width", "trained wide zoo", "packed ensemble"))
-    gap = protocol.verdict(zoo_row["accuracy"] - new["accuracy"], math.hypot(zoo_row["accuracy_se"],
-                                                                             new["accuracy_se"]), accuracy_gap)
+    gap = protocol.within(new["accuracy"], new["accuracy_se"], zoo_row["accuracy"], zoo_row["accuracy_se"],
+                          accuracy_gap)
     above = protocol.versus(new["accuracy"], new["accuracy_se"], packed["accuracy"], packed["accuracy_se"], "higher")
     verdicts = {"gap verdict": gap, "vs packed ensemble": above,
                 "transfer verdict": "met" if gap == above == "met" else
@@ -722,9 +722,9 @@ def _test_table(test: targets.Zoo, *, split: protocol.RunSplit, sets: dict[str, 
     protocol.versus_column(table, "accuracy verdict", "accuracy", others, anchor, better="higher")
     protocol.versus_column(table, "BMA-64 NLL verdict", "bma_nll", others, anchor)
     if accuracy_gap is not None:
-        gap = table.loc[anchor, "accuracy"] - table["accuracy"]
-        gap_se = (table["accuracy_se"] ** 2 + table.loc[anchor, "accuracy_se"] ** 2) ** 0.5
-        table["gap verdict"] = [protocol.verdict(gap[r], gap_se[r], accuracy_gap) if r in sets else "—"
+        a = table.loc[anchor]
+        table["gap verdict"] = [protocol.within(table.loc[r, "accuracy"], table.loc[r, "accuracy_se"], a["accuracy"],
+                                                a["accuracy_se"], accuracy_gap) if r in sets else "—"
                                 for r in table.index]
     table.attrs.update(floor=refs.floor, on="test", runs=split.run_counts(), n=n, mmd_goal=mmd_goal,
                        nn_goal=nn_goal, anchor=anchor, accuracy_gap=accuracy_gap)

@@ -215,6 +215,13 @@ def versus(mean: float, se: float, other_mean: float, other_se: float, better: s
     return verdict(mean - other_mean, math.hypot(se, other_se), 0.0, better)
 
 
+def within(mean: float, se: float, other_mean: float, other_se: float, tolerance: float) -> str:
+    """:func:`verdict` of ``mean`` falling short of ``other_mean`` by at most ``tolerance`` (an accuracy gap),
+    both uncertain: ``"met"`` when the gap is below ``tolerance`` by more than two standard errors of the
+    difference, ``"missed"`` when above it by as much, ``"level"`` otherwise."""
+    return verdict(other_mean - mean, math.hypot(se, other_se), tolerance)
+
+
 def versus_column(table, name: str, column: str, rows, other: str, better: str = "lower") -> None:
     """Add the column ``name`` to a DataFrame of means (``column``) and standard errors (``column + "_se"``):
     :func:`versus` of each of ``rows`` against the row ``other``; "—" in the other rows."""
@@ -245,5 +252,5 @@ def select_best(scores: dict[str, dict], key: str, *, admissible: Callable[[dict
 
 
 __all__ = ["SealedSplitError", "Sealed", "final_report", "RunSplit", "split_runs", "Floor", "iid_rows",
-           "perfect_generator_floor", "mean_se", "verdict", "versus", "versus_column", "bound_verdict", "select_best",
+           "perfect_generator_floor", "mean_se", "verdict", "versus", "within", "versus_column", "bound_verdict", "select_best",
            "VERDICTS", "SEEDS"]
