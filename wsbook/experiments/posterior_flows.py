@@ -1028,6 +1028,19 @@ def _recipe(name: str) -> tuple:
     return (flow_settings(),)
 
 
+@cached("flows/vi_elbo_samples", version=1)
+def _vi_elbo_samples(task: str, seed: int, n: int, vi: dict) -> Tensor:
+    """``log p(theta, D) - log q(theta)`` of ``n`` draws of mean-field VI fitted with ``seed`` (``vi``: its
+    settings, so that they key the entry): float64 ``[n]``, the entropy exact."""
+    from wsbook.bayes.vi import gaussian_entropy
+    from wsbook.experiments.tasks import get_task, vi_posterior
+
+    q = vi_posterior(task, seed)
+    with torch.no_grad():
+        theta = q.sample(n, torch.Generator().manual_seed(3_000 + seed)).samples
+        return get_task(task).log_posterior()(theta).double() + float(gaussian_entropy(q.std[0]))
+
+
 def elbos(task: str = "breast_cancer", seeds: tuple[int, ...] = protocol.SEEDS,
           settings: ELBOSettings | None = None):
     """The evidence lower bound ``E_q[log p(theta, D) - log q(theta)] = log p(D) - KL(q || p)`` of the three
@@ -1051,8 +1064,7 @@ def elbos(task: str = "breast_cancer", seeds: tuple[int, ...] = protocol.SEEDS,
     (of the exact solves, all seeds).
     """
     import pandas as pd
-    from wsbook.bayes.vi import gaussian_entropy
-    from wsbook.experiments.tasks import get_task, vi_posterior
+    from wsbook.experiments.tasks import settings as method_settings
 
     es = elbo_settings() if settings is None else settings
     if len(seeds) < 2 or len(es.steps) < 2:
@@ -1071,13 +1083,7 @@ def elbos(task: str = "breast_cancer", seeds: tuple[int, ...] = protocol.SEEDS,
         rows[row] = {"elbo": elbo, "se": se, "doubling": dbl, "doubling_se": dbl_se, "euler": eu,
                      "euler_se": eu_se, "euler_gap": gap, "euler_gap_se": gap_se, "within_se": within,
                      "seeds": len(seeds)}
-    lp, per_seed = get_task(task).log_posterior(), []
-    for s in seeds:
-        q = vi_posterior(task, s)
-        with torch.no_grad():
-            theta = q.sample(es.vi_samples, torch.Generator().manual_seed(3_000 + s)).samples
-            per_seed.append(lp(theta).double() + float(gaussian_entropy(q.std[0])))
-    w_vi = torch.stack(per_seed)
+    w_vi = torch.stack([_vi_elbo_samples(task, s, es.vi_samples, method_settings("vi")) for s in seeds])
     elbo, se = protocol.mean_se(w_vi.mean(1))
     nan = float("nan")
     rows[ELBO_VI] = {"elbo": elbo, "se": se, "doubling": nan, "doubling_se": nan, "euler": nan, "euler_se": nan,
