@@ -272,16 +272,18 @@ def test_launch_links_point_to_the_configured_repository():
     assert not problems, "\n".join(problems)
 
 
-PLOTLY_SCRIPT = re.compile(r'<script src="[^"]*_static/(plotly\.min\.js|plotly/plotly-cartesian\.min\.js)')
+PLOTLY_SCRIPT = re.compile(r'<script src="[^"]*_static/(plotly\.min\.js|plotly/plotly-(?:cartesian|gl3d)\.min\.js)')
 
 
 def test_plotly_only_on_pages_with_figures():
     """Issue 11: plotly.js (megabytes) is linked only by the pages that draw a figure, once; a page whose
-    figures are all 2-D links the cartesian partial bundle (1.5 MB instead of 4.8 MB) when the book ships it
-    at the installed plotly.js's version, and the full bundle only where a figure needs it (3-D scenes)."""
+    figures are all 2-D links the cartesian partial bundle (1.5 MB instead of 4.8 MB), a page of 3-D scenes and
+    scatter plots the gl3d one (1.75 MB), when the book ships them at the installed plotly.js's version, and
+    the full bundle only where a page needs both kinds of trace."""
     from wsbook import sphinx
 
-    partial_ok = sphinx.plotly_bundle({"scatter"}, ROOT / "_static") == sphinx.PARTIAL_PLOTLY
+    shipped = {name: drawn for name, drawn in sphinx.PARTIAL_BUNDLES.items()
+               if sphinx.plotly_bundle(set(drawn), ROOT / "_static") == name}
     problems = []
     for page in pages():
         html = page.read_text()
@@ -294,8 +296,7 @@ def test_plotly_only_on_pages_with_figures():
             continue
         if draws:
             types = sphinx.page_trace_types(html[html.find("<body"):])
-            wanted = "plotly/plotly-cartesian.min.js" if partial_ok and types <= sphinx.CARTESIAN_TRACES \
-                else "plotly.min.js"
+            wanted = next((name for name, drawn in shipped.items() if types <= drawn), "plotly.min.js")
             if loads[0] != wanted:
                 problems.append(f"{page.name}: trace types {sorted(types)} load {loads[0]}, not {wanted}")
     assert not problems, "\n".join(problems)

@@ -5,9 +5,10 @@ Figures rendered by :class:`wsbook.figures.BookRenderer` are plain divs plus a `
 so the library must be loaded, synchronously, before the page body; this extension copies the copy of
 plotly.js that ships with the installed ``plotly`` package into ``_static`` and links it in the ``<head>``
 of the pages that draw a figure, and only those (about 4.6 MB that a page without figures never loads).
-A page whose figures use only 2-D trace types (:data:`CARTESIAN_TRACES`) loads plotly.js's cartesian partial
-bundle instead (1.5 MB, ``_static/plotly/plotly-cartesian.min.js``, kept at the installed plotly.js's
-version: :func:`plotly_bundle`); pages with 3-D scenes load the full one. The theme's Font Awesome script
+A page whose figures use only the trace types of one of plotly.js's partial bundles (:data:`PARTIAL_BUNDLES`:
+the cartesian one for 2-D figures, 1.5 MB; the gl3d one for 3-D scenes with scatter plots, 1.75 MB; both in
+``_static/plotly``, kept at the installed plotly.js's version) loads that bundle instead (:func:`plotly_bundle`);
+pages that mix 3-D scenes with other 2-D trace types load the full one. The theme's Font Awesome script
 (1.5 MB of JavaScript that redraws the icons as SVG) is not linked: the theme's stylesheet draws the same
 icons from Font Awesome's web fonts (:func:`_drop_fontawesome_js`).
 
@@ -57,6 +58,11 @@ PARTIAL_PLOTLY = "plotly/plotly-cartesian.min.js"
 #: The trace types that bundle draws (``plotly.js-cartesian-dist-min``).
 CARTESIAN_TRACES = frozenset({"bar", "box", "contour", "heatmap", "histogram", "histogram2d", "histogram2dcontour",
                               "image", "pie", "scatter", "scatterternary", "violin"})
+#: plotly.js's gl3d partial bundle (``plotly.js-gl3d-dist-min``) and the trace types it draws.
+GL3D_PLOTLY = "plotly/plotly-gl3d.min.js"
+GL3D_TRACES = frozenset({"cone", "isosurface", "mesh3d", "scatter", "scatter3d", "streamtube", "surface", "volume"})
+#: The partial bundles in the book's ``_static``, smallest first, with the trace types each draws.
+PARTIAL_BUNDLES = {PARTIAL_PLOTLY: CARTESIAN_TRACES, GL3D_PLOTLY: GL3D_TRACES}
 
 
 def _plotly_js() -> Path:
@@ -94,12 +100,12 @@ def page_trace_types(body: str) -> set[str]:
 
 def plotly_bundle(types: set[str], static: Path) -> str:
     """The plotly.js file, relative to ``_static``, for a page whose figures use the trace ``types``: the
-    cartesian partial bundle in the book's ``static`` folder if it draws them all and is the installed
-    plotly.js's version, else the installed full bundle (``plotly.min.js``)."""
-    partial = static / PARTIAL_PLOTLY
-    if types <= CARTESIAN_TRACES and partial.exists() and \
-            plotly_js_version(partial) == plotly_js_version(_plotly_js()):
-        return PARTIAL_PLOTLY
+    first partial bundle of :data:`PARTIAL_BUNDLES` in the book's ``static`` folder that draws them all and is
+    the installed plotly.js's version, else the installed full bundle (``plotly.min.js``)."""
+    for name, drawn in PARTIAL_BUNDLES.items():
+        partial = static / name
+        if types <= drawn and partial.exists() and plotly_js_version(partial) == plotly_js_version(_plotly_js()):
+            return name
     return "plotly.min.js"
 
 
