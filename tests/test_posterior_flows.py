@@ -259,6 +259,27 @@ def test_compare_means_needs_more_than_the_noise():
     assert pf.compare_means(s, "a", "c", "tv") == "level"          # 0.1 apart, 0.14 standard error
 
 
+def test_standing_names_the_rivals_a_distance_beats():
+    rivals = {"mean-field VI": 0.02, "Laplace": 0.1}
+    assert pf.standing(0.01, rivals) == "closer to HMC than both mean-field VI and Laplace"
+    assert pf.standing(0.3, rivals) == "farther from HMC than both mean-field VI and Laplace"
+    assert pf.standing(0.05, rivals) == "closer to HMC than Laplace but not than mean-field VI"
+    assert pf.standing(0.1, rivals).startswith("farther")                         # level with Laplace
+    assert pf.standing(0.1, {"a": 0.1}) == "farther from HMC than a"             # a tie is not closer
+    assert pf.standing(0.0, {"a": 1, "b": 2, "c": 3}) == "closer to HMC than each of a, b and c"
+    with pytest.raises(ValueError):
+        pf.standing(0.1, {})
+
+
+def test_share_closed_runs_from_the_start_to_the_floor():
+    assert pf.share_closed(0.4, 0.4, 0.0) == 0.0
+    assert pf.share_closed(0.0, 0.4, 0.0) == 1.0
+    assert pf.share_closed(0.3, 0.4, 0.2) == pytest.approx(0.5)
+    assert pf.share_closed(0.5, 0.4, 0.2) < 0                                     # beyond the start
+    with pytest.raises(ValueError):
+        pf.share_closed(0.1, 0.2, 0.2)
+
+
 def test_hmc_polish_moves_networks_towards_the_posterior(monkeypatch):
     """A transition from the prior raises the posterior density; zero transitions return the start. The
     step size and leapfrog count come from the reference run's diagnostics (faked here: no HMC run)."""

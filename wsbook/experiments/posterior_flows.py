@@ -575,6 +575,38 @@ def compare_means(summary, a: str, b: str, column: str) -> str:
 COMPARE_PHRASES = {"met": "closer to HMC than", "level": "level with", "missed": "farther from HMC than"}
 
 
+def _names(names: list[str]) -> str:
+    """``["a"]`` -> ``"a"``, ``["a", "b"]`` -> ``"both a and b"``, more -> ``"each of a, b and c"``."""
+    if len(names) == 1:
+        return names[0]
+    head = ", ".join(names[:-1])
+    return f"{'both' if len(names) == 2 else 'each of'} {head} and {names[-1]}"
+
+
+def standing(distance: float, rivals: dict[str, float]) -> str:
+    """Where a distance to HMC stands against the ``rivals``' distances (``{shown name: distance}``), in
+    words: "closer to HMC than both mean-field VI and Laplace", "farther from HMC than both ...", or "closer
+    to HMC than Laplace but not than mean-field VI". A tie counts as not closer."""
+    if not rivals:
+        raise ValueError("standing needs at least one rival")
+    beaten = [k for k, v in rivals.items() if distance < v]
+    rest = [k for k in rivals if k not in beaten]
+    if not rest:
+        return f"closer to HMC than {_names(beaten)}"
+    if not beaten:
+        return f"farther from HMC than {_names(rest)}"
+    return f"closer to HMC than {' and '.join(beaten)} but not than {' and '.join(rest)}"
+
+
+def share_closed(distance: float, start: float, floor: float) -> float:
+    """How much of the way from ``start`` (a sampler that learned nothing, e.g. prior draws) to ``floor``
+    (another HMC run) a sampler at ``distance`` has come: 1 at the floor, 0 at the start, below 0 beyond
+    the start."""
+    if start <= floor:
+        raise ValueError(f"the start ({start}) must be farther from HMC than the floor ({floor})")
+    return (start - distance) / (start - floor)
+
+
 # ------------------------------------------------------------------------------------ the protocol
 #: the reference HMC runs (seeds of :func:`targets.hmc_reference`) of the posterior protocol: the flows learn
 #: the training run's draws; every choice reads the validation run (the run the recipes were tuned against);
