@@ -262,10 +262,10 @@ def test_compare_means_needs_more_than_the_noise():
 def test_standing_names_the_rivals_a_distance_beats():
     rivals = {"mean-field VI": 0.02, "Laplace": 0.1}
     assert pf.standing(0.01, rivals) == "closer to HMC than both mean-field VI and Laplace"
-    assert pf.standing(0.3, rivals) == "farther from HMC than both mean-field VI and Laplace"
+    assert pf.standing(0.3, rivals) == "no closer to HMC than both mean-field VI and Laplace"
     assert pf.standing(0.05, rivals) == "closer to HMC than Laplace but not than mean-field VI"
-    assert pf.standing(0.1, rivals).startswith("farther")                         # level with Laplace
-    assert pf.standing(0.1, {"a": 0.1}) == "farther from HMC than a"             # a tie is not closer
+    assert pf.standing(0.1, rivals).startswith("no closer")                       # level with Laplace
+    assert pf.standing(0.1, {"a": 0.1}) == "no closer to HMC than a"             # a tie is not closer
     assert pf.standing(0.0, {"a": 1, "b": 2, "c": 3}) == "closer to HMC than each of a, b and c"
     with pytest.raises(ValueError):
         pf.standing(0.1, {})

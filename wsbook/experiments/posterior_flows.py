@@ -585,7 +585,7 @@ def _names(names: list[str]) -> str:
 
 def standing(distance: float, rivals: dict[str, float]) -> str:
     """Where a distance to HMC stands against the ``rivals``' distances (``{shown name: distance}``), in
-    words: "closer to HMC than both mean-field VI and Laplace", "farther from HMC than both ...", or "closer
+    words: "closer to HMC than both mean-field VI and Laplace", "no closer to HMC than both ...", or "closer
     to HMC than Laplace but not than mean-field VI". A tie counts as not closer."""
     if not rivals:
         raise ValueError("standing needs at least one rival")
@@ -594,7 +594,7 @@ def standing(distance: float, rivals: dict[str, float]) -> str:
     if not rest:
         return f"closer to HMC than {_names(beaten)}"
     if not beaten:
-        return f"farther from HMC than {_names(rest)}"
+        return f"no closer to HMC than {_names(rest)}"
     return f"closer to HMC than {' and '.join(beaten)} but not than {' and '.join(rest)}"
 
 
