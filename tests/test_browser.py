@@ -147,7 +147,8 @@ def test_chapter_page_reads_cleanly(server, browser, page):
 RESULT_FIGURES = {
     "07_method.html": ("fig-wf-moons-panels", "fig-wf-moons-motion"),
     "08_results.html": ("fig-res-verdict",),
-    "08b_mnist.html": ("fig-mn-accuracy", "fig-mn-pca", "fig-mn-first-layer", "fig-mn-training"),
+    "08b_mnist.html": ("fig-mn-accuracy", "fig-mn-pca", "fig-mn-first-layer", "fig-mn-training",
+                       "fig-mn-along-training"),
     "08c_posterior.html": ("fig-post-points", "fig-post-reliability"),
     "08d_cnn.html": ("fig-cnn-accuracy", "fig-cnn-filters"),
 }

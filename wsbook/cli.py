@@ -217,6 +217,15 @@ def mnist_second_task() -> None:
     mf.init_curves(starts, task="permuted")
 
 
+def mnist_training_accuracy() -> None:
+    """Chapter 8b's accuracy along training: the best recipe and the plain baseline trained again with copies
+    of the field kept (``mf.accuracy_along_training``)."""
+    from wsbook.experiments import mnist_flows as mf
+
+    for recipe in (mnist_best(), "plain baseline"):
+        mf.accuracy_along_training(recipe)
+
+
 def artifacts() -> dict[str, Artifact]:
     """The registry: every artifact by name (sizes follow the scale at the time ``compute`` runs)."""
     from wsbook.experiments import (flows, mnist_flows as mf, pipeline, posterior_flows as pf, protocol, summary,
@@ -287,6 +296,9 @@ def artifacts() -> dict[str, Artifact]:
                         "SGD runs from them and from the other starts (chapter 8b)", _one_thread(mnist_second_task)))
     out.append(Artifact("flow/mnist/field_size", "geometric_aligned_ot with GNN fields of several widths, trained "
                         "and sampled (chapter 8b)", _one_thread(lambda: mf.field_size_sweep("geometric_aligned_ot"))))
+    out.append(Artifact("flow/mnist/training_accuracy", "the best MNIST flow and the plain baseline trained again "
+                        "keeping copies of the field, each copy sampled and scored on validation data (chapter 8b)",
+                        _one_thread(mnist_training_accuracy)))
     out.append(Artifact("verdict/posterior", "the posterior flow chosen on the validation HMC run, trained with "
                         f"seeds {protocol.SEEDS} and judged on the test run beside VI (chapters 8c, 9)",
                         _one_thread(lambda: pf.verdict_table(BC))))
@@ -322,7 +334,7 @@ def groups() -> dict[str, Callable[[], list[str]]]:
                                "flow/breast_cancer/*", "verdict/breast_cancer"],
         "chapter/08b": lambda: ["zoo/mnist5k", "zoo/mnist5k_w32", *mnist_flows(), "verdict/mnist5k",
                                 "flow/mnist/guidance", "flow/mnist/width_transfer", "flow/mnist/second_task",
-                                "flow/mnist/field_size"],
+                                "flow/mnist/field_size", "flow/mnist/training_accuracy"],
         "chapter/08d": lambda: ["zoo/cnn_digits", "zoo/cnn_digits_w16", "flow/cnn/*", "verdict/cnn_digits"],
         "chapter/08c": lambda: ["zoo/breast_cancer", "hmc/breast_cancer/*", "hmc/mnist5k/0",
                                 "posterior/breast_cancer/*", "flow/posterior/*", "verdict/posterior"],

@@ -21,9 +21,12 @@ Everything the page computes that costs more than a second lives here, cached wi
 * :func:`permuted_mnist`: the second task (MNIST with one fixed, seeded pixel permutation; Fashion-MNIST
   cannot be downloaded here) and :func:`init_curves` (flow samples as initialisation).
 * :func:`field_size_sweep`: sample quality against the width of the field.
+* :func:`accuracy_along_training`: the validation accuracy of a flow's samples at copies of its field kept
+  during training (:func:`snapshot_steps`), beside the training checkpoints' (:func:`zoo_validation_accuracy`).
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 
@@ -60,6 +63,8 @@ NEURON_ANCHORED = "geometric_aligned_ot_neuron_anchored"
 ZOO = "mnist5k"
 WIDE_ZOO = "mnist5k_w32"
 BMA_SIZES = (1, 4, 8, 16, 32, 64)
+#: copies of the field kept along a training run by :func:`accuracy_along_training`
+N_SNAPSHOTS = 10
 
 
 @dataclass(frozen=True)
@@ -504,7 +509,85 @@ def field_size_sweep(recipe: str = "geometric_aligned_ot", y: Tensor | None = No
     return rows
 
 
+# ----------------------------------------------------------------------------- accuracy along training
+def snapshot_steps(steps: int, k: int = N_SNAPSHOTS) -> tuple[int, ...]:
+    """At most ``k`` step counts of a run of ``steps`` steps, evenly spaced in log from a fiftieth of the run
+    (at least one step) to its last step, which is always one of them (fewer than ``k`` where a short run
+    has fewer distinct counts)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1 or isinstance(k, bool) \
+            or not isinstance(k, int) or k < 1:
+        raise ValueError(f"snapshot_steps: steps and k must be positive integers; got {steps!r}, {k!r}")
+    if k == 1:
+        return (steps,)
+    lo = max(1.0, steps / 50)
+    grid = torch.logspace(math.log10(lo), math.log10(steps), k, dtype=torch.float64).round().long()
+    grid[-1] = steps
+    return tuple(int(s) for s in grid.unique().tolist())
+
+
+def _per_network_val_accuracy(spec: MLPSpec, theta: Tensor, ds: data.Dataset) -> Tensor:
+    """Every network's accuracy on the data's validation split ``[n]`` (on the CPU)."""
+    from wsbook.bayes import metrics as M
+
+    probs = targets.predictive_probs(spec, spec.check(theta, "theta"), ds.x_val)
+    return M.accuracy(probs, ds.y_val).detach().cpu()
+
+
+@cached("flows/mnist/accuracy_along_training", version=1)
+def _accuracy_along_training(recipe: str, cfg: flows.FlowConfig, n_holdout: int, steps: tuple[int, ...], n: int,
+                             sampler: dict, seed: int, train_seed: int) -> dict:
+    """:func:`accuracy_along_training`, cached under the recipe's config, the split, the kept steps and the
+    sampler: the training run of :func:`wsbook.experiments.flows.train_flow` (same split, seeds and
+    settings) keeping copies of the EMA, each sampled from the same source points."""
+    split = flows.zoo_split(ZOO, n_holdout, 0)
+    with config.seeded(train_seed):
+        flow = flows.build_flow(split.spec, cfg, split.reference)
+    fit = flow.fit(split.train.theta.cpu(), steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
+                   ema_decay=cfg.ema_decay, generator=torch.Generator().manual_seed(train_seed),
+                   desc=f"flow {cfg.name}, kept along training", snapshot_steps=steps)
+    ds = data.load(ZOO)
+    accuracy = []
+    start = time.perf_counter()
+    for _, state in fit.snapshots:                  # a handful of copies, each one batched sample
+        flow.ema.load_state_dict(state)
+        gen = torch.Generator().manual_seed(2000 + seed)
+        with torch.no_grad():
+            theta = flow.sample(n, steps=sampler["steps"], method=sampler["method"], generator=gen)
+        accuracy.append(_per_network_val_accuracy(split.spec, theta, ds))
+    return {"steps": torch.tensor([s for s, _ in fit.snapshots]), "accuracy": torch.stack(accuracy),
+            "train_seconds": fit.seconds, "sample_seconds": time.perf_counter() - start,
+            "losses": fit.losses}
+
+
+def accuracy_along_training(recipe: str, k: int = N_SNAPSHOTS, seed: int = 0, train_seed: int = 0) -> dict:
+    """What ``recipe``'s training buys (cached): its flow trained again as :func:`sample_flow`'s
+    (:func:`wsbook.experiments.flows.train_flow`, seed ``train_seed``), with copies of the sampling EMA
+    kept after the :func:`snapshot_steps` of its run; each copy draws the budget's ``n_samples`` networks
+    with the budget's solver from the same source points (those of :func:`sample_flow` with ``seed``: where
+    the training run reproduces the cached one bit for bit, the last copy's networks are the table's),
+    scored on the data's validation split (never the test split).
+
+    Returns ``{"steps" [K], "accuracy" [K, n] (every network's validation accuracy), "train_seconds",
+    "sample_seconds", "losses" [steps]}``.
+    """
+    b = budget()
+    cfg = recipe_config(recipe, b)
+    sampler = {"steps": b.sample_steps, "method": b.method}
+    out = _accuracy_along_training(recipe, cfg, b.n_holdout, snapshot_steps(cfg.steps, k), b.n_samples, sampler,
+                                   seed, train_seed)
+    return {**out, "train_seconds": float(out["train_seconds"]), "sample_seconds": float(out["sample_seconds"])}
+
+
+def zoo_validation_accuracy() -> tuple[float, float]:
+    """Mean and standard deviation of the accuracy on the data's validation split of every checkpoint of
+    the training runs (what the flows learn to generate): the reference of :func:`accuracy_along_training`."""
+    train = split().train
+    acc = _per_network_val_accuracy(train.spec, train.theta, data.load(ZOO)).double()
+    return float(acc.mean()), float(acc.std()) if acc.numel() > 1 else 0.0
+
+
 __all__ = ["RECIPES", "TRANSFER", "UNANCHORED_GNN", "NEURON_ANCHORED", "BMA_SIZES", "describe", "Budget", "budget",
            "split", "permuted_mnist", "task_data", "recipe_config", "make_flow", "sample_flow", "probs_of",
            "bma_curve", "neuron_similarity", "assembled_networks", "width_transfer", "trained_networks",
-           "init_curves", "field_size_sweep"]
+           "init_curves", "field_size_sweep", "N_SNAPSHOTS", "snapshot_steps", "accuracy_along_training",
+           "zoo_validation_accuracy"]

@@ -9,6 +9,8 @@
   by test point (posterior page: a flow and VI against HMC).
 * :func:`reliability` / :func:`reliability_diagram`: confidence bins against accuracy, with the binning
   of :func:`wsbook.bayes.metrics.ece`.
+* :func:`training_curves` / :func:`accuracy_along_training`: flows' training losses against the step, and
+  the accuracy of networks sampled from copies of a field kept during training (MNIST page).
 """
 from __future__ import annotations
 
@@ -179,6 +181,58 @@ def training_curves(losses: Mapping[str, Tensor | np.ndarray], *, title: str = "
     fig.add_hline(y=1.0, line=dict(color="#999999", dash="dot"))
     fig.update_layout(title=title, xaxis_title="training step", yaxis_title="loss / loss over the first tenth",
                       yaxis_type="log", height=440)
+    return fig
+
+
+def accuracy_along_training(runs: Mapping[str, Mapping[str, Tensor | np.ndarray]], *,
+                            reference: float | None = None, reference_name: str = "training checkpoints",
+                            band: str = "se", title: str = "", yaxis: str = "validation accuracy",
+                            colors: Mapping[str, str] | None = None) -> go.Figure:
+    """The accuracy of networks sampled from copies of a field kept during training against the step at
+    which each copy was kept: the mean over a copy's networks, with a band of one standard error of that
+    mean (``band="se"``) or one standard deviation of the networks (``"std"``), on a log step axis, and a
+    dotted reference line (e.g. the target zoo's mean accuracy).
+
+    See the MNIST page (chapter 8b).
+
+    Args:
+        runs: method -> ``{"steps": [K], "accuracy": [K, n]}`` (every sampled network's accuracy at each of
+            the K copies; :func:`wsbook.experiments.mnist_flows.accuracy_along_training`).
+        reference: the reference accuracy, or ``None`` for no line.
+        reference_name: what the reference is, for its label.
+        band: ``"se"`` or ``"std"``.
+        title: figure title.
+        yaxis: y-axis title.
+        colors: colour per method (default: :func:`wsbook.figures.style.color`).
+    """
+    if band not in ("se", "std"):
+        raise ValueError(f"accuracy_along_training: band must be 'se' or 'std'; got {band!r}")
+    fig = go.Figure()
+    for name, run in runs.items():
+        steps = np.asarray(torch.as_tensor(run["steps"]).detach().cpu().double()).reshape(-1)
+        acc = np.asarray(torch.as_tensor(run["accuracy"]).detach().cpu().double())
+        if acc.ndim != 2 or acc.shape[0] != steps.size or acc.shape[1] < 1:
+            raise ValueError(f"accuracy_along_training: {name}'s accuracy must be [K={steps.size}, n >= 1] "
+                             f"(networks of each copy); got {acc.shape}")
+        mean = acc.mean(1)
+        spread = acc.std(1, ddof=1) if acc.shape[1] > 1 else np.zeros_like(mean)
+        half = spread / np.sqrt(acc.shape[1]) if band == "se" else spread
+        c = _color(name, colors)
+        fig.add_trace(go.Scatter(x=np.concatenate([steps, steps[::-1]]),
+                                 y=np.concatenate([mean + half, (mean - half)[::-1]]), mode="lines", fill="toself",
+                                 fillcolor=style.rgba(c, 0.2), line=dict(width=0), hoverinfo="skip",
+                                 showlegend=False, legendgroup=name))
+        fig.add_trace(go.Scatter(x=steps, y=mean, mode="lines+markers", name=style.label(name), legendgroup=name,
+                                 line=dict(color=c, width=2), marker=dict(size=6, color=c),
+                                 customdata=np.stack([half, np.full_like(mean, acc.shape[1])], 1),
+                                 hovertemplate="step %{x:.0f}<br>accuracy %{y:.3f} ± %{customdata[0]:.3f}"
+                                 "<br>%{customdata[1]:.0f} networks<extra></extra>"))
+    if reference is not None:
+        fig.add_hline(y=float(reference), line=dict(color="#555555", dash="dot"),
+                      annotation_text=f"{reference_name}: {float(reference):.3f}", annotation_position="top left")
+    what = "standard error" if band == "se" else "standard deviation of the networks"
+    fig.update_layout(title=title, xaxis=dict(title="training step (log scale)", type="log"),
+                      yaxis=dict(title=f"{yaxis} (mean ± {what})"), height=440)
     return fig
 
 

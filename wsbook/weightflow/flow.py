@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import copy
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field as dataclass_field
+from typing import Iterable
 
 import torch
 from torch import Tensor, nn
@@ -58,6 +59,22 @@ def sample_times(n: int, distribution: str = "uniform", generator: torch.Generat
     raise ValueError(f"sample_times: distribution must be one of {TIME_DISTRIBUTIONS}; got {distribution!r}")
 
 
+def _check_snapshot_steps(steps: Iterable[int] | None, total: int) -> tuple[int, ...]:
+    """The sorted distinct step counts of ``steps`` (``()`` for ``None``), each an integer in
+    ``[1, total]``; raises ``ValueError`` naming the first one that is not."""
+    if steps is None:
+        return ()
+    if isinstance(steps, (str, bytes)) or not isinstance(steps, Iterable):
+        raise ValueError(f"WeightFlow.fit: snapshot_steps must be a sequence of step counts; got {steps!r}")
+    out = set()
+    for s in steps:
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral) or not 1 <= s <= total:
+            raise ValueError(f"WeightFlow.fit: every snapshot step must be an integer from 1 to steps = {total} "
+                             f"(the number of steps done when the copy is kept); got {s!r}")
+        out.add(int(s))
+    return tuple(sorted(out))
+
+
 def _check_count(value: int, name: str, where: str, minimum: int = 1) -> int:
     """``value`` as an ``int`` if it is an integer of at least ``minimum``; raises ``ValueError`` naming the
     argument and its value otherwise (checked where the public methods start, before any work)."""
@@ -70,10 +87,13 @@ def _check_count(value: int, name: str, where: str, minimum: int = 1) -> int:
 @dataclass
 class FitResult:
     """Per-step training losses (mean squared error per coordinate, weighted as the flow's
-    ``loss_weighting`` says) and wall time."""
+    ``loss_weighting`` says) and wall time; ``snapshots``: the sampling EMA's ``state_dict`` (CPU copies)
+    after each of the steps :meth:`WeightFlow.fit` was asked to keep, as ``(completed steps, state)`` pairs
+    in increasing order (empty unless asked)."""
 
     losses: Tensor
     seconds: float
+    snapshots: list[tuple[int, dict[str, Tensor]]] = dataclass_field(default_factory=list)
 
 
 class WeightFlow:
@@ -245,7 +265,7 @@ class WeightFlow:
     def fit(self, networks: Tensor, *, steps: int, batch_size: int = 256, lr: float = 1e-3, ema_decay: float = 0.999,
             weight_decay: float = 0.0, generator: torch.Generator | None = None, progress: bool | None = None,
             desc: str = "weight flow", autocast: bool | None = None, ddp: bool | None = None,
-            check_every: int | None = None) -> FitResult:
+            check_every: int | None = None, snapshot_steps: Iterable[int] | None = None) -> FitResult:
         """Train the field on a population ``networks [N, D]`` (mapped to the chart once).
 
         Args:
@@ -267,14 +287,22 @@ class WeightFlow:
                 the single-process step on ``batch_size`` networks. ``None``: whenever a process group runs.
             check_every: steps between the loss's NaN / inf checks (:func:`wsbook.loop.descend`; default 1
                 on the CPU, 25 on accelerators).
+            snapshot_steps: keep a copy of the sampling EMA's weights after each of these numbers of steps
+                (integers from 1 to ``steps``; order and repeats do not matter), returned in
+                :attr:`FitResult.snapshots` to sample the flow as it was part-way through training
+                (``flow.ema.load_state_dict(state)``). Keeping them draws no random numbers and changes
+                nothing else: the losses and the final EMA are those of a run without them, and a copy
+                after ``steps`` steps is the final EMA. Under DDP every process keeps the same copies.
 
         On a GPU a step does not make the host wait for the device (no ``.item()``, no check of a value on
         the host, no blocking copy: the source points and times are drawn on the CPU and copied through
         pinned memory), except for the NaN check every ``check_every`` steps and what the pairing itself
         needs: ``coupling="ot"`` and ``align_pairs`` solve assignment problems on the CPU every step.
 
-        Raises ``ValueError`` for a population of no networks, before any state (scales, anchor, EMA) changes.
+        Raises ``ValueError`` for a population of no networks or a snapshot step outside ``[1, steps]``, before
+        any state (scales, anchor, EMA) changes.
         """
+        keep = _check_snapshot_steps(snapshot_steps, _check_count(steps, "steps", "WeightFlow.fit"))
         if self.chart.check_weights(networks, "networks").shape[0] == 0:
             raise ValueError(f"WeightFlow.fit: networks holds no networks (shape {tuple(networks.shape)}); "
                              "a flow needs at least one network to learn from")
@@ -317,18 +345,26 @@ class WeightFlow:
             share = world * (rows.stop - rows.start) / x1.shape[0]
             return self.loss(x0, x1, t, model, generator, rows=rows, check=False) * share
 
+        snapshots: list[tuple[int, dict[str, Tensor]]] = []
+        wanted = set(keep)
+
+        def snapshot(step: int) -> None:
+            if step + 1 in wanted:          # descend's step is 0-based: step + 1 steps are done
+                snapshots.append((step + 1, {k: v.detach().to("cpu", copy=True)
+                                             for k, v in ema.module.state_dict().items()}))
+
         opt = make_optimizer(self.field.parameters(), "adamw", lr=lr, weight_decay=weight_decay)
         self._autocast = device.type == "cuda" if autocast is None else bool(autocast)
         self._fit_scale = self._scale(points)          # layer_scale is fixed during the run: build it once
         try:
             run = descend(step_loss, opt, steps, schedule="cosine", min_lr=0.05 * lr, ema=ema, progress=progress,
-                          desc=desc, check_every=check_every)
+                          desc=desc, check_every=check_every, on_step=snapshot if keep else None)
         finally:
             self._autocast, self._fit_scale = False, None
         losses = run.losses.detach()
         if use_ddp:                     # the whole batch's loss per step: the blocks' weighted means, summed
             losses = distributed.all_sum(losses) / world
-        return FitResult(losses=losses.cpu(), seconds=run.seconds)
+        return FitResult(losses=losses.cpu(), seconds=run.seconds, snapshots=snapshots)
 
     @torch.no_grad()
     def evaluate(self, networks: Tensor, *, batch_size: int = 64, repeats: int = 4,
