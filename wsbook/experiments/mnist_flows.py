@@ -129,7 +129,7 @@ def budget() -> Budget:
                   ("euclidean_aligned", "euclidean_aligned_ot", "geometric_aligned", "geometric_aligned_ot",
                    UNANCHORED_GNN, TRANSFER, NEURON_ANCHORED),
                   tuple(r for r in RECIPES if r != "plain baseline")),
-        dim=s(8, 8, 64), n_layers=s(1, 1, 4), batch_size=s(8, 8, 64), steps=s(30, 250, 50_000), lr=s(1e-2, 1e-2, 1e-3),
+        dim=s(8, 8, 64), n_layers=s(1, 1, 4), batch_size=s(8, 8, 64), steps=s(30, 350, 50_000), lr=s(1e-2, 1e-2, 1e-3),
         ema_decay=s(0.9, 0.95, 0.999), flat_hidden=s(256, 256, 512), flat_batch=64, flat_steps=s(150, 600, 20_000),
         flat_lr=s(3e-3, 3e-3, 1e-3), neuron_hidden=s(64, 256, 512), neuron_attention=2, neuron_batch=32,
         neuron_steps=s(150, 3000, 50_000), neuron_lr=1e-3, n_samples=s(16, 64, 256), sample_steps=s(4, 8, 100),
