@@ -16,7 +16,7 @@ from torch_geometric.data import Batch, Data
 from wsbook.graphs import NeuralGraph, WeightSpaceGNN
 from wsbook.nets import MLPSpec
 
-from timing import best_seconds  # the script's own folder is on sys.path
+from timing import best_pair, best_seconds  # the script's own folder is on sys.path
 
 
 def per_network_batch(graph: NeuralGraph, theta: torch.Tensor) -> Batch:
@@ -47,9 +47,7 @@ def main() -> None:
                              ("relational_transformer_all", dict(layer="relational_transformer", attention="all"))]:
             model = WeightSpaceGNN(spec, dim=32, n_layers=2, **kwargs).eval()
             with torch.no_grad():
-                model(x)
-                t_batched = best_seconds(lambda: model(x))
-                t_single = best_seconds(lambda: [model(x[i:i + 1]) for i in range(8)], repeats=2)
+                t_batched, t_single = best_pair(lambda: model(x), lambda: [model(x[i:i + 1]) for i in range(8)])
             ours_gps, base_gps = batch / t_batched, 8 / t_single
             print(f"throughput_{name}_batch{batch}, {ours_gps:.1f}, {base_gps:.1f}, {ours_gps / base_gps:.1f}")
 

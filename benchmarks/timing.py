@@ -20,6 +20,16 @@ def best_seconds(fn: Callable[[], object], repeats: int = 3, warmup: bool = True
     return min(times)
 
 
+def best_pair(ours: Callable[[], object], baseline: Callable[[], object], rounds: int = 5) -> tuple[float, float]:
+    """Fastest wall times of ``ours`` and ``baseline`` over ``rounds`` rounds that call each once, alternating
+    (after one untimed call of each), so that a change of the machine's load between them reaches both."""
+    ours(), baseline()
+    times = []
+    for _ in range(rounds):
+        times.append((best_seconds(ours, repeats=1, warmup=False), best_seconds(baseline, repeats=1, warmup=False)))
+    return min(t for t, _ in times), min(t for _, t in times)
+
+
 def matmul_gflops(n: int = 2048) -> float:
     """GFLOP/s of an ``n x n`` float32 matrix product on the current torch threads (best of 10)."""
     a, b = torch.randn(n, n), torch.randn(n, n)
