@@ -230,10 +230,10 @@ def _stamp(app, config) -> None:
               f"<code>{stamp['build_scale']}</code> (<a href=\"{_CITE_HREF}\">how to cite</a>)")
     options["extra_footer"] = (options.get("extra_footer") or "") + f"<p>{footer}</p>"
     config.html_theme_options = options
-    # the partial plotly.js bundle in _static is linked by the pages that need it (_page_context), not by all
-    # (jupyter-book links every .js file it finds in _static)
+    # the partial plotly.js bundles in _static are linked by the pages that need them (_page_context), not by
+    # all (jupyter-book links every .js file it finds in _static)
     config.html_js_files = [f for f in (config.html_js_files or [])
-                            if (f[0] if isinstance(f, (tuple, list)) else f) != PARTIAL_PLOTLY]
+                            if (f[0] if isinstance(f, (tuple, list)) else f) not in PARTIAL_BUNDLES]
 
 
 def _page_context(app, pagename, templatename, context, doctree) -> None:
