@@ -39,7 +39,7 @@ from wsbook.bayes import distances
 from wsbook.cache import cached
 from wsbook.experiments import protocol, targets
 from wsbook.nets import train_population
-from wsbook.weightflow import (ChannelField, FlatField, GeometricChart, Guidance, NeuronField, WeightFlow,
+from wsbook.weightflow import (ChannelField, FitResult, FlatField, GeometricChart, Guidance, NeuronField, WeightFlow,
                                gnn_field, make_chart)
 
 CHARTS = ("euclidean", "normalized", "geometric")
@@ -427,13 +427,23 @@ class TrainedFlow:
         return sum(p.numel() for p in self.flow.field.parameters())
 
 
-@cached("flows/trained", version=8)   # 8: training runs exclude validation and test runs
-def _train_flow(zoo_name: str, n_holdout: int | None, split_seed: int, cfg: FlowConfig, seed: int) -> dict:
+def fit_recipe(zoo_name: str, n_holdout: int | None, split_seed: int, cfg: FlowConfig, seed: int,
+               **fit_kwargs) -> tuple[WeightFlow, FitResult]:
+    """The flow ``cfg`` built under ``seed`` and fitted on the training runs of :func:`zoo_split` (not cached):
+    the one training run of every flow of a table (:func:`train_flow`); ``fit_kwargs`` go to
+    :meth:`WeightFlow.fit` (e.g. ``snapshot_steps``). Returns the flow and its fit."""
     split = zoo_split(zoo_name, n_holdout, split_seed)
     with config.seeded(seed):
         flow = build_flow(split.spec, cfg, split.reference)
     fit = flow.fit(split.train.theta.cpu(), steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
-                   ema_decay=cfg.ema_decay, generator=torch.Generator().manual_seed(seed), desc=f"flow {cfg.name}")
+                   ema_decay=cfg.ema_decay, generator=torch.Generator().manual_seed(seed),
+                   **{"desc": f"flow {cfg.name}", **fit_kwargs})
+    return flow, fit
+
+
+@cached("flows/trained", version=8)   # 8: training runs exclude validation and test runs
+def _train_flow(zoo_name: str, n_holdout: int | None, split_seed: int, cfg: FlowConfig, seed: int) -> dict:
+    flow, fit = fit_recipe(zoo_name, n_holdout, split_seed, cfg, seed)
     return {"state": flow.state_dict(), "seconds": fit.seconds, "losses": fit.losses}
 
 
@@ -862,7 +872,7 @@ def adam_curve(zoo_name: str, steps_list: tuple[int, ...], n: int, seed: int = 0
     return rows
 
 
-__all__ = ["FlowConfig", "flow_config", "extended_config", "EXTENDED_STEPS", "baseline_config", "VARIANTS",
+__all__ = ["FlowConfig", "fit_recipe", "flow_config", "extended_config", "EXTENDED_STEPS", "baseline_config", "VARIANTS",
            "solver_steps", "zoo_split", "build_field", "build_flow",
            "TrainedFlow", "train_flow", "sample_flow", "References", "references", "probability_scores", "score",
            "score_draws",

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from wsbook import config, data
+from wsbook import config, data, nets
 from wsbook.cache import cached
 from wsbook.experiments import flows, protocol, targets
 from wsbook.nets import MLPSpec, train_population
@@ -527,10 +527,7 @@ def snapshot_steps(steps: int, k: int = N_SNAPSHOTS) -> tuple[int, ...]:
 
 def _per_network_val_accuracy(spec: MLPSpec, theta: Tensor, ds: data.Dataset) -> Tensor:
     """Every network's accuracy on the data's validation split ``[n]`` (on the CPU)."""
-    from wsbook.bayes import metrics as M
-
-    probs = targets.predictive_probs(spec, spec.check(theta, "theta"), ds.x_val)
-    return M.accuracy(probs, ds.y_val).detach().cpu()
+    return nets.accuracy(spec, spec.check(theta, "theta"), ds.x_val, ds.y_val).cpu()
 
 
 @cached("flows/mnist/accuracy_along_training", version=1)
@@ -539,12 +536,9 @@ def _accuracy_along_training(recipe: str, cfg: flows.FlowConfig, n_holdout: int,
     """:func:`accuracy_along_training`, cached under the recipe's config, the split, the kept steps and the
     sampler: the training run of :func:`wsbook.experiments.flows.train_flow` (same split, seeds and
     settings) keeping copies of the EMA, each sampled from the same source points."""
+    flow, fit = flows.fit_recipe(ZOO, n_holdout, 0, cfg, train_seed, snapshot_steps=steps,
+                                 desc=f"flow {cfg.name}, kept along training")
     split = flows.zoo_split(ZOO, n_holdout, 0)
-    with config.seeded(train_seed):
-        flow = flows.build_flow(split.spec, cfg, split.reference)
-    fit = flow.fit(split.train.theta.cpu(), steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
-                   ema_decay=cfg.ema_decay, generator=torch.Generator().manual_seed(train_seed),
-                   desc=f"flow {cfg.name}, kept along training", snapshot_steps=steps)
     ds = data.load(ZOO)
     accuracy = []
     start = time.perf_counter()
