@@ -411,3 +411,29 @@ def test_environment_yml_mirrors_pyproject():
     assert pinned.pop("torch") == "==2.13.0"
     wanted.pop("torch")
     assert pinned == wanted
+
+
+@dataclasses.dataclass(frozen=True)
+class _Grown:
+    """_Settings' shape after a new setting was added with a default that keys no entry."""
+
+    a: int = 1
+    new: str = dataclasses.field(default="old behaviour", metadata={cache.KEYLESS_DEFAULT: True})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Before:
+    a: int = 1
+
+
+def test_a_setting_added_with_a_keyless_default_keeps_the_old_keys():
+    # at its default the new field is left out (the key of the class before the field existed, up to the
+    # class name); any other value keys the entry
+    strip = (lambda key: {k: v for k, v in key.items() if k != "args"} | {"args": list(key["args"]["s"].values())})
+    grown = cache.make_key("test/probe", {"s": _Grown()}, "1")[1]
+    before = cache.make_key("test/probe", {"s": _Before()}, "1")[1]
+    assert strip(grown) == strip(before)
+    assert "new" not in grown["args"]["s"]["_Grown"]
+    other = cache.make_key("test/probe", {"s": _Grown(new="new behaviour")}, "1")
+    assert other[1]["args"]["s"]["_Grown"]["new"] == "new behaviour"
+    assert other[0] != cache.make_key("test/probe", {"s": _Grown()}, "1")[0]

@@ -134,3 +134,45 @@ def test_test_report_reads_the_sealed_runs_with_seeds_and_verdicts():
     # after the report the test runs are sealed again
     with pytest.raises(protocol.SealedSplitError):
         split.test.open()
+
+
+def test_a_source_centred_on_the_training_networks():
+    from wsbook import cache
+
+    # a source at zero (every flow before the option existed) keys its entries as before: no "source" in the key
+    assert "source" not in cache._canonical(flows.baseline_config())["FlowConfig"]
+    cfg = flows.baseline_config(source="mean", sigma=0.3, steps=2)
+    assert cache._canonical(cfg)["FlowConfig"]["source"] == "mean"
+    assert cfg.name == "flat_euclidean_aligned_ot_from_mean"
+    with pytest.raises(ValueError, match="source must be one of"):
+        flows.baseline_config(source="median")
+    with pytest.raises(ValueError, match="Euclidean chart"):
+        flows.flow_config("geometric", "aligned_ot", source="mean")
+    split = flows.zoo_split("breast_cancer")
+    with pytest.raises(ValueError, match="pass them as train"):
+        flows.build_flow(split.spec, cfg, split.reference)
+    train = split.train.theta
+    flow = flows.build_flow(split.spec, cfg, split.reference, train)
+    # the source's mean is the mean of the training networks aligned to the reference, its scale sigma
+    assert torch.allclose(flow.chart.loc[0], flow.chart.to_points(train).mean(0))
+    x0 = flow.chart.sample_source(4000, torch.Generator().manual_seed(0))
+    assert torch.allclose(x0.mean(0), flow.chart.loc[0], atol=0.03)
+    assert abs(float(x0.std(0).mean()) - 0.3) < 0.01
+    # the training of a table flow centres it the same way
+    trained = flows.train_flow("breast_cancer", cfg)
+    assert torch.allclose(trained.flow.chart.loc[0], flow.chart.loc[0])
+
+
+def test_cnn_candidates_and_the_width_transfer_choice():
+    cands = flows.cnn_candidates()
+    centred = [k for k, c in cands.items() if c.source == "mean"]
+    assert sorted(cands[k].field for k in centred) == ["channel", "flat"]
+    assert all(cands[k].parametrization == "endpoint" and cands[k].sigma == flows.CNN_MEAN_SOURCE_SIGMA
+               for k in centred)
+    # only a channel field from a source at zero can be sampled at another width
+    assert [k for k, c in cands.items() if flows._transferable(c)] == ["channel_euclidean_aligned_ot",
+                                                                         "channel_geometric_aligned_ot"]
+    with pytest.raises(ValueError, match="field must be one of"):
+        flows.cnn_verdict_table("conv")
+    with pytest.raises(ValueError, match="cannot change width"):
+        flows.cnn_width_transfer("flat_euclidean_aligned_ot_from_mean")

@@ -132,11 +132,22 @@ def _canonical(value: Any) -> Any:
     if isinstance(value, (int, float, str, bool, type(None))):
         return value
     if hasattr(value, "__dataclass_fields__"):
-        return {type(value).__name__: _canonical({k: getattr(value, k) for k in value.__dataclass_fields__
-                                                  if not k.startswith("_")})}
+        fields = value.__dataclass_fields__
+        return {type(value).__name__: _canonical({k: getattr(value, k) for k, f in fields.items()
+                                                  if not k.startswith("_") and not _at_keyless_default(value, f)})}
     if isinstance(value, torch.device):
         return str(value)
     raise TypeError(f"cannot build a cache key from an argument of type {type(value).__name__}")
+
+
+#: the metadata key of a dataclass field that is left out of cache keys while it holds its default:
+#: ``field(default=..., metadata={KEYLESS_DEFAULT: True})``. A setting added to a settings dataclass that way
+#: keeps every entry computed before it existed valid (their key is the same), and keys the new values only.
+KEYLESS_DEFAULT = "cache_key_omits_default"
+
+
+def _at_keyless_default(value: Any, f: Any) -> bool:
+    return bool(f.metadata.get(KEYLESS_DEFAULT)) and getattr(value, f.name) == f.default
 
 
 _FRAME = "$frame"   # the tag of an encoded DataFrame (a dict key no other cached value uses)

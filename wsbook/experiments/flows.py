@@ -36,7 +36,7 @@ from torch import Tensor
 
 from wsbook import config
 from wsbook.bayes import distances
-from wsbook.cache import cached
+from wsbook.cache import KEYLESS_DEFAULT, cached
 from wsbook.experiments import protocol, targets
 from wsbook.nets import train_population
 from wsbook.weightflow import (ChannelField, FitResult, FlatField, GeometricChart, Guidance, NeuronField, WeightFlow,
@@ -44,6 +44,8 @@ from wsbook.weightflow import (ChannelField, FitResult, FlatField, GeometricChar
 
 CHARTS = ("euclidean", "normalized", "geometric")
 FIELDS = ("gnn", "flat", "neuron", "channel")
+#: where a Euclidean flow's Gaussian source is centred (:attr:`FlowConfig.source`)
+SOURCES = ("zero", "mean")
 #: the extended budget of :func:`extended_config`, in multiples of the table's training steps
 EXTENDED_STEPS = 10
 #: the thesis's three design variants of Table 7.1: (chart aligned to a reference, coupling)
@@ -72,6 +74,10 @@ class FlowConfig:
         time_distribution: ``"uniform"`` or ``"beta(1,2)"``.
         sigma: the source's scale on Euclidean coordinates (``None``: the chart's default, 0.1 for the
             Euclidean chart as in the thesis, 1 on the last layer of the canonical charts).
+        source: where the Euclidean chart's Gaussian source is centred: ``"zero"`` (the thesis's
+            ``N(0, sigma^2 I)``) or ``"mean"`` (``N(m, sigma^2 I)`` with ``m`` the mean of the training
+            networks on the chart, aligned ones on an aligned chart), so every path starts among the networks
+            instead of at the origin.
         last_layer: ``"euclidean"`` (canonical networks compute exactly the function of their preimage) or
             ``"sphere"`` (the thesis's ``sqrt(C)`` last layer, which rescales the logits).
         loss_weighting: ``"chart"`` or ``"layer"`` (see :class:`~wsbook.weightflow.WeightFlow`).
@@ -90,6 +96,8 @@ class FlowConfig:
     parametrization: str = "velocity"
     time_distribution: str = "uniform"
     sigma: float | None = None
+    # left out of the cache key at its default, so the flows trained before it existed keep their entries
+    source: str = dataclasses.field(default="zero", metadata={KEYLESS_DEFAULT: True})
     last_layer: str = "euclidean"
     loss_weighting: str = "layer"
     dim: int = 16
@@ -107,6 +115,10 @@ class FlowConfig:
             raise ValueError(f"FlowConfig: chart must be one of {CHARTS}; got {self.chart!r}")
         if self.field not in FIELDS:
             raise ValueError(f"FlowConfig: field must be one of {FIELDS}; got {self.field!r}")
+        if self.source not in SOURCES:
+            raise ValueError(f"FlowConfig: source must be one of {SOURCES}; got {self.source!r}")
+        if self.source != "zero" and self.chart != "euclidean":
+            raise ValueError(f"FlowConfig: source={self.source!r} needs the Euclidean chart; got {self.chart!r}")
         if self.steps < 1 or self.batch_size < 1:
             raise ValueError(f"FlowConfig: steps and batch_size must be positive; got {self.steps}, {self.batch_size}")
 
@@ -118,9 +130,11 @@ class FlowConfig:
     @property
     def name(self) -> str:
         """The table row: ``"<chart>[_aligned][_ot]"`` (the published tables' names), ``"flat_..."`` for the
-        flat-MLP field, ``"neuron_..."`` for the neuron field."""
+        flat-MLP field, ``"neuron_..."`` for the neuron field, ``"..._from_mean"`` for a source centred on
+        the training networks."""
         variant = self.variant.lstrip("_")
         base = self.chart if variant == "plain" else f"{self.chart}_{variant}"
+        base = base if self.source == "zero" else f"{base}_from_{self.source}"
         return base if self.field == "gnn" else f"{self.field}_{base}"
 
 
@@ -213,13 +227,24 @@ def breast_cancer_candidates() -> dict[str, FlowConfig]:
     return cfgs
 
 
+#: the source scale of the CNN flows whose source is centred on the training networks (chosen on validation:
+#: docs/tuning-log.md)
+CNN_MEAN_SOURCE_SIGMA = 0.3
+
+
 def cnn_candidates() -> dict[str, FlowConfig]:
     """Every flow the CNN page trains on the ``"cnn_digits"`` zoo, by its table label: the channel field
-    (:class:`~wsbook.weightflow.ChannelField`, anchored) on the Euclidean and the Geometric chart, aligned + OT, and
-    the ``"plain baseline"``, a flat field on the aligned weight vector (the DeepWeightFlow recipe without
-    its PCA and normalisation recalibration)."""
+    (:class:`~wsbook.weightflow.ChannelField`, anchored) on the Euclidean and the Geometric chart, aligned + OT;
+    the channel field and a flat field on the Euclidean chart from a source centred on the mean aligned
+    training network (scale :data:`CNN_MEAN_SOURCE_SIGMA`) that predict each path's endpoint; and the
+    ``"plain baseline"``, a flat field on the aligned weight vector (the DeepWeightFlow recipe without its
+    PCA and normalisation recalibration)."""
     cfgs = {c.name: c for c in (flow_config(chart, "aligned_ot", field="channel") for chart in ("euclidean",
                                                                                                 "geometric"))}
+    centred = dict(source="mean", sigma=CNN_MEAN_SOURCE_SIGMA, parametrization="endpoint")
+    for field in ("channel", "flat"):
+        cfg = flow_config("euclidean", "aligned_ot", field=field, **centred)
+        cfgs[cfg.name] = cfg
     cfgs["plain baseline"] = baseline_config()
     return cfgs
 
@@ -229,10 +254,16 @@ def cnn_sizes() -> tuple[int, int]:
     return config.by_scale(ci=64, default=128, full=512), solver_steps()
 
 
-def cnn_verdict_table():
+def cnn_verdict_table(field: str | None = None):
     """The CNN page's verdict (:func:`verdict_table` over :func:`cnn_candidates` at :func:`cnn_sizes`, with
-    the accuracy goal :data:`ACCURACY_GAP`)."""
-    return verdict_table("cnn_digits", cnn_candidates(), *cnn_sizes(), accuracy_gap=ACCURACY_GAP)
+    the accuracy goal :data:`ACCURACY_GAP`): the best flow of every candidate, or with ``field`` (e.g.
+    ``"channel"``) the best flow of that field, chosen on validation runs, beside the plain baseline."""
+    cands = cnn_candidates()
+    if field is not None:
+        if field not in FIELDS:
+            raise ValueError(f"cnn_verdict_table: field must be one of {FIELDS}; got {field!r}")
+        cands = {k: c for k, c in cands.items() if c.field == field or k == "plain baseline"}
+    return verdict_table("cnn_digits", cands, *cnn_sizes(), accuracy_gap=ACCURACY_GAP)
 
 
 #: the trained wider CNNs chapter 8d's width transfer is read against (the recipe of ``"cnn_digits"`` with
@@ -254,8 +285,9 @@ def unanchored_config(cfg: FlowConfig) -> FlowConfig:
 
 
 def cnn_width_transfer(chosen: str | None = None, *, seeds: tuple[int, ...] = protocol.SEEDS):
-    """Chapter 8d's width transfer: the channel flow chosen on validation runs (``chosen``, default the
-    choice of :func:`cnn_verdict_table`), trained without its anchor (:func:`unanchored_config`) on the
+    """Chapter 8d's width transfer: the channel flow chosen on validation runs (``chosen``, default the best
+    by :func:`cnn_verdict_table`'s validation scores among the flows that can change width, those with a
+    source centred at zero), trained without its anchor (:func:`unanchored_config`) on the
     8-channel zoo once per seed of ``seeds``, samples 16-channel CNNs, read against the trained 16-channel
     zoo :data:`CNN_WIDE_ZOO` and against two baselines built from ``k`` (the ratio of the widths)
     independent 8-channel samples of the same flow: packed side by side into one wide network
@@ -276,12 +308,14 @@ def cnn_width_transfer(chosen: str | None = None, *, seeds: tuple[int, ...] = pr
     """
     import pandas as pd
 
-    if chosen is None:
-        chosen = cnn_verdict_table().attrs["selected"]
     candidates = cnn_candidates()
-    if candidates[chosen].field != "channel":
-        raise ValueError(f"cnn_width_transfer: {chosen!r} is not a channel flow (the plain baseline reads a weight "
-                         "vector of one length and cannot change width)")
+    if chosen is None:
+        chosen = protocol.select_best({k: v for k, v in cnn_verdict_table("channel").attrs["validation"].items()
+                                       if _transferable(candidates[k])}, "mmd2",
+                                      admissible=lambda s: s["nn_ratio"] >= 1)
+    if not _transferable(candidates[chosen]):
+        raise ValueError(f"cnn_width_transfer: {chosen!r} cannot change width (a flat field reads a weight vector "
+                         "of one length, and a source centred on the training networks has their width)")
     n, steps = cnn_sizes()
     cfg = unanchored_config(candidates[chosen])
     # `ci` checks the computation with a third of the chosen flow's steps (three trainings cost too much there)
@@ -292,6 +326,12 @@ def cnn_width_transfer(chosen: str | None = None, *, seeds: tuple[int, ...] = pr
     table = pd.DataFrame(out["rows"]).T.loc[list(TRANSFER_ROWS)]
     table.attrs.update({k: v for k, v in out.items() if k != "rows"}, chosen=chosen)
     return table
+
+
+def _transferable(cfg: FlowConfig) -> bool:
+    """Whether a CNN flow can be sampled at another width: a channel field from a source that is not tied to
+    one width (centred at zero)."""
+    return cfg.field == "channel" and cfg.source == "zero"
 
 
 def transfer_rows(split: protocol.RunSplit, wide: targets.Zoo, trained: dict[int, WeightFlow], n: int, steps: int,
@@ -394,9 +434,10 @@ def build_field(spec, cfg: FlowConfig):
     return FlatField(spec, hidden=cfg.hidden, depth=cfg.depth)
 
 
-def build_flow(spec, cfg: FlowConfig, reference: Tensor | None = None) -> WeightFlow:
+def build_flow(spec, cfg: FlowConfig, reference: Tensor | None = None, train: Tensor | None = None) -> WeightFlow:
     """The untrained :class:`~wsbook.weightflow.WeightFlow` of ``cfg`` for networks of ``spec``; an aligned
-    chart matches every network to ``reference`` (one network, e.g. a split's ``reference``)."""
+    chart matches every network to ``reference`` (one network, e.g. a split's ``reference``). A source
+    centred on the training networks (``cfg.source == "mean"``) needs them: ``train [n, D]``."""
     kw = {} if cfg.sigma is None else {"sigma": cfg.sigma}
     if cfg.aligned:
         if reference is None:
@@ -405,6 +446,11 @@ def build_flow(spec, cfg: FlowConfig, reference: Tensor | None = None) -> Weight
     if cfg.chart != "euclidean":
         kw["last_layer"] = cfg.last_layer
     chart = make_chart(cfg.chart, spec, **kw)
+    if cfg.source == "mean":
+        if train is None:
+            raise ValueError(f"build_flow: the flow {cfg.name} centres its source on the training networks; "
+                             "pass them as train")
+        chart = make_chart(cfg.chart, spec, **kw, loc=chart.to_points(train.cpu()).mean(0))
     return WeightFlow(chart, build_field(spec, cfg), coupling=cfg.coupling, align_pairs=cfg.align_pairs,
                       parametrization=cfg.parametrization, time_distribution=cfg.time_distribution,
                       loss_weighting=cfg.loss_weighting)
@@ -434,7 +480,7 @@ def fit_recipe(zoo_name: str, n_holdout: int | None, split_seed: int, cfg: FlowC
     :meth:`WeightFlow.fit` (e.g. ``snapshot_steps``). Returns the flow and its fit."""
     split = zoo_split(zoo_name, n_holdout, split_seed)
     with config.seeded(seed):
-        flow = build_flow(split.spec, cfg, split.reference)
+        flow = build_flow(split.spec, cfg, split.reference, split.train.theta)
     fit = flow.fit(split.train.theta.cpu(), steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr,
                    ema_decay=cfg.ema_decay, generator=torch.Generator().manual_seed(seed),
                    **{"desc": f"flow {cfg.name}", **fit_kwargs})
@@ -877,6 +923,7 @@ __all__ = ["FlowConfig", "fit_recipe", "flow_config", "extended_config", "EXTEND
            "TrainedFlow", "train_flow", "sample_flow", "References", "references", "probability_scores", "score",
            "score_draws",
            "target_rows", "CONTROLS", "control_sets", "test_report", "verdict_table",
-           "breast_cancer_candidates", "cnn_candidates", "cnn_sizes", "cnn_verdict_table", "ACCURACY_GAP",
+           "breast_cancer_candidates", "cnn_candidates", "cnn_sizes", "cnn_verdict_table", "ACCURACY_GAP", "SOURCES",
+           "CNN_MEAN_SOURCE_SIGMA",
            "CNN_WIDE_ZOO", "TRANSFER_ROWS", "unanchored_config", "cnn_width_transfer", "transfer_rows",
            "nn_ratio_interval", "steps_curve", "adam_curve"]

@@ -73,12 +73,13 @@ FLOW_WORDS = {"euclidean": "Euclidean", "normalized": "Normalized", "geometric":
 
 def label(name: str) -> str:
     """The readable name of a method, metric or flow identifier (``sgd_trajectory`` -> ``Adam checkpoints``,
-    ``neuron_euclidean_aligned_ot`` -> ``neuron field, Euclidean, aligned + OT``); names that are not
+    ``neuron_euclidean_aligned_ot`` -> ``neuron field, Euclidean, aligned + OT``; a trailing ``_from_mean``
+    -> ``, source at the mean network``); names that are not
     identifiers are returned unchanged."""
     name = str(name)
     if name in METHOD_LABELS:
         return METHOD_LABELS[name]
-    words = name.replace("aligned_ot", "aligned + OT").split("_")
+    words = name.replace("aligned_ot", "aligned + OT").replace("_from_mean", "_source at the mean network").split("_")
     if any(w in ("euclidean", "normalized", "geometric") for w in words):     # a flow: field, chart, variant
         return ", ".join(FLOW_WORDS.get(w, w) for w in words)
     return name.replace("_", " ")
