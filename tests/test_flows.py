@@ -131,6 +131,18 @@ def test_euclidean_ot_coupling_pairs_as_the_squared_distance_assignment():
     assert torch.equal(flows.OTCoupling()(x0, x1)[1], x1[expected])
 
 
+def test_ot_coupling_of_batches_far_from_the_origin():
+    # both batches around one distant point (a source centred on the training networks): every inner product
+    # is large and negative as a cost, which POT's network simplex once reported as infeasible
+    from scipy.optimize import linear_sum_assignment
+    g = torch.Generator().manual_seed(3)
+    centre = 0.7 * torch.randn(300, generator=g)
+    for n in (flows.couplings.HUNGARIAN_MAX_BATCH + 1, 256):
+        x0, x1 = centre + 0.1 * torch.randn(n, 300, generator=g), centre + 0.7 * torch.randn(n, 300, generator=g)
+        expected = linear_sum_assignment((torch.cdist(x0.double(), x1.double()) ** 2).numpy())[1]
+        assert torch.equal(flows.OTCoupling()(x0, x1)[1], x1[expected])
+
+
 def test_ot_failure_raises_instead_of_falling_back():
     with pytest.raises(ValueError, match="NaN"):
         flows.ot_assignment(torch.tensor([[0.0, float("nan")], [1.0, 0.0]]))

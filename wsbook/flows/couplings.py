@@ -54,6 +54,10 @@ def ot_assignment(cost: Tensor, numitermax: int = 1_000_000) -> Tensor:
         raise ValueError("ot_assignment: the cost matrix contains NaN or inf")
     if n <= HUNGARIAN_MAX_BATCH:
         return torch.as_tensor(linear_sum_assignment(m)[1], device=cost.device)
+    # POT's network simplex reports an infeasible problem when every cost is far below zero (the inner
+    # products of OTCoupling between batches away from the origin); subtracting each row's minimum makes the
+    # costs nonnegative and changes every assignment's total by the same amount
+    m = m - m.min(1, keepdims=True)
     a = np.full(n, 1.0 / n)
     # the marginals are equal by construction and the dual potentials are not used, so POT's marginal check
     # and dual centring (more than the solve itself costs at small batches) are skipped; the plan is the same
