@@ -176,3 +176,9 @@ def test_cnn_candidates_and_the_width_transfer_choice():
         flows.cnn_verdict_table("conv")
     with pytest.raises(ValueError, match="cannot change width"):
         flows.cnn_width_transfer("flat_euclidean_aligned_ot_from_mean")
+
+
+def test_the_choice_rule_prefers_flows_no_nearer_the_zoo_than_new_runs():
+    near = {"mmd2": 1.0, "nn_ratio": 0.5}
+    assert flows.choose({"near": near, "far": {"mmd2": 2.0, "nn_ratio": 1.1}}) == "far"
+    assert flows.choose({"near": near, "nearer": {"mmd2": 2.0, "nn_ratio": 0.1}}) == "near"   # none admissible

@@ -310,9 +310,8 @@ def cnn_width_transfer(chosen: str | None = None, *, seeds: tuple[int, ...] = pr
 
     candidates = cnn_candidates()
     if chosen is None:
-        chosen = protocol.select_best({k: v for k, v in cnn_verdict_table("channel").attrs["validation"].items()
-                                       if _transferable(candidates[k])}, "mmd2",
-                                      admissible=lambda s: s["nn_ratio"] >= 1)
+        chosen = choose({k: v for k, v in cnn_verdict_table("channel").attrs["validation"].items()
+                         if _transferable(candidates[k])})
     if not _transferable(candidates[chosen]):
         raise ValueError(f"cnn_width_transfer: {chosen!r} cannot change width (a flat field reads a weight vector "
                          "of one length, and a source centred on the training networks has their width)")
@@ -815,6 +814,13 @@ def test_report(split: protocol.RunSplit, sets: dict[str, list[Tensor]], n: int,
 
 
 
+def choose(validation: dict[str, dict]) -> str:
+    """The flow the tables choose from its candidates' validation scores (:func:`score` against the validation
+    runs): the lowest MMD^2 among those no nearer the training zoo than validation runs are (nearest-neighbour
+    ratio at least 1; all candidates when none is)."""
+    return protocol.select_best(validation, "mmd2", admissible=lambda s: s["nn_ratio"] >= 1)
+
+
 def verdict_table(zoo_name: str, candidates: dict[str, FlowConfig], n: int, steps: int, *,
                   baselines: tuple[str, ...] = ("plain baseline",), seeds: tuple[int, ...] = protocol.SEEDS, **goals):
     """The protocol end to end: choose on validation runs, train the chosen flow over ``seeds``, judge on
@@ -858,8 +864,7 @@ def _verdict_table(zoo_name: str, zoo: targets.ZooConfig, candidates: dict[str, 
     refs = references(split, n)
     validation = {label: score(sample_flow(zoo_name, cfg, n, steps=steps)[0], refs)
                   for label, cfg in candidates.items()}
-    chosen = protocol.select_best({k: v for k, v in validation.items() if k not in baselines}, "mmd2",
-                                  admissible=lambda s: s["nn_ratio"] >= 1)
+    chosen = choose({k: v for k, v in validation.items() if k not in baselines})
     sets = {label: [sample_flow(zoo_name, candidates[label], n, steps=steps, seed=s, sample_seed=s + 1)[0]
                     for s in seeds] for label in (chosen, *baselines)}
     table = test_report(split, sets, n, **goals)
@@ -922,7 +927,7 @@ __all__ = ["FlowConfig", "fit_recipe", "flow_config", "extended_config", "EXTEND
            "solver_steps", "zoo_split", "build_field", "build_flow",
            "TrainedFlow", "train_flow", "sample_flow", "References", "references", "probability_scores", "score",
            "score_draws",
-           "target_rows", "CONTROLS", "control_sets", "test_report", "verdict_table",
+           "target_rows", "CONTROLS", "control_sets", "test_report", "choose", "verdict_table",
            "breast_cancer_candidates", "cnn_candidates", "cnn_sizes", "cnn_verdict_table", "ACCURACY_GAP", "SOURCES",
            "CNN_MEAN_SOURCE_SIGMA",
            "CNN_WIDE_ZOO", "TRANSFER_ROWS", "unanchored_config", "cnn_width_transfer", "transfer_rows",
