@@ -121,7 +121,9 @@ def test_a_channel_field_flow_trains_and_samples_cnns_of_the_zoo():
     from wsbook.experiments import flows
 
     cfgs = flows.cnn_candidates()
-    assert set(cfgs) == {"channel_euclidean_aligned_ot", "channel_geometric_aligned_ot", "plain baseline"}
+    assert set(cfgs) == {"channel_euclidean_aligned_ot", "channel_geometric_aligned_ot",
+                         "channel_euclidean_aligned_ot_from_mean", "flat_euclidean_aligned_ot_from_mean",
+                         "plain baseline"}
     cfg = flows.flow_config("geometric", field="channel", steps=5, batch_size=8, hidden=16)
     trained = flows.train_flow("cnn_digits", cfg, n_holdout=2)
     assert type(trained.flow.field).__name__ == "ChannelField" and trained.losses.shape == (5,)
