@@ -437,3 +437,42 @@ def test_a_setting_added_with_a_keyless_default_keeps_the_old_keys():
     other = cache.make_key("test/probe", {"s": _Grown(new="new behaviour")}, "1")
     assert other[1]["args"]["s"]["_Grown"]["new"] == "new behaviour"
     assert other[0] != cache.make_key("test/probe", {"s": _Grown()}, "1")[0]
+
+
+@cache.cached("test/inner_timed", version=1)
+def _inner_timed(n: int):
+    time.sleep(0.05)
+    return n
+
+
+@cache.cached("test/outer_timed", version=1)
+def _outer_timed(n: int):
+    time.sleep(0.05)
+    return _inner_timed(n) + 1
+
+
+def test_computed_entries_log_their_seconds_and_own_seconds(monkeypatch, tmp_path, capsys):
+    """Every computed entry appends one line to the compute log; an entry computed inside another counts in
+    the outer's seconds but not in its own; a cache hit logs nothing. ``python -m wsbook --timings`` sums it."""
+    from wsbook import cli
+
+    monkeypatch.setenv("WSBOOK_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("WSBOOK_SCALE", "ci")
+    assert cache.compute_log() == []
+    assert _outer_timed(4) == 5 and _outer_timed(4) == 5             # the second call is a hit
+    log = {r["name"]: r for r in cache.compute_log()}
+    assert set(log) == {"test/inner_timed", "test/outer_timed"} and len(cache.compute_log()) == 2
+    inner, outer = log["test/inner_timed"], log["test/outer_timed"]
+    assert inner["own"] == pytest.approx(inner["seconds"]) and inner["seconds"] >= 0.05
+    assert outer["seconds"] >= inner["seconds"] + 0.05
+    assert outer["own"] == pytest.approx(outer["seconds"] - inner["seconds"], abs=2e-3)
+    assert outer["entry"] == _outer_timed.cache_path(4).name and outer["scale"] == "ci"
+    with open(tmp_path / cache.COMPUTE_LOG, "a") as fh:                # a line cut short is skipped
+        fh.write('{"name": "test/cut')
+    assert len(cache.compute_log()) == 2
+    assert cli.main(["--timings"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("test/outer_timed") > 0 and "total" in out
+    monkeypatch.setenv("WSBOOK_SCALE", "default")
+    assert cli.main(["--timings"]) == 0
+    assert "no computations recorded at scale default" in capsys.readouterr().out

@@ -62,6 +62,8 @@ def test_hutchinson_mean_over_many_probes_matches_exact_trace():
     jac = torch.stack([torch.autograd.functional.jacobian(lambda y: f(y[None])[0], xi) for xi in x])  # [B, 3, 3]
     per_probe = torch.einsum("pbi,bij,pbj->pb", probes, jac, probes)
     assert torch.allclose(est, per_probe.mean(0), atol=1e-5)
+    _, each = flows.divergence(f, x, "hutchinson", probes[:5], per_probe=True)       # one estimate per probe
+    assert each.shape == (5, 8) and torch.allclose(each, per_probe[:5], atol=1e-5)
     assert torch.allclose(exact, jac.diagonal(dim1=1, dim2=2).sum(-1), atol=1e-5)
     # unbiased: the mean over many probes lies within 4 standard errors of the exact trace
     se = per_probe.std(0) / math.sqrt(per_probe.shape[0])

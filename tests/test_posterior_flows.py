@@ -120,6 +120,18 @@ def test_flow_with_log_q_is_the_change_of_variables_of_the_solver_map():
     assert torch.allclose(log_q, log_q_fine, atol=5e-3)
     log_q_euler = pf.flow_with_log_q(flow, x0, 2, "euler")[1]
     assert (log_q_euler - log_q).abs().max() > 5e-2
+    # Hutchinson's probes, each held along its sample's path: the same points, one unbiased estimate per
+    # probe whose mean over many probes comes within 4 standard errors of the exact trace's log q
+    from wsbook.flows.likelihood import rademacher
+
+    probes = rademacher((2000, *x0.shape), torch.Generator().manual_seed(4))
+    x1_h, log_q_h = pf.flow_with_log_q(flow, x0, 32, "rk4", probes=probes)
+    assert torch.equal(x1_h, x1) and log_q_h.shape == (2000, 2)
+    assert log_q_h.std(0).min() > 0                                          # the probes do add noise
+    se = log_q_h.std(0) / math.sqrt(probes.shape[0])
+    assert ((log_q_h.mean(0) - log_q).abs() <= 4 * se + 1e-4).all(), (log_q_h.mean(0), log_q, se)
+    with pytest.raises(ValueError, match="probes must have shape"):
+        pf.flow_with_log_q(flow, x0, 4, probes=probes[:, :1])
     with pytest.raises(ValueError, match="method"):
         pf.flow_with_log_q(flow, x0, 4, "midpoint")
     with pytest.raises(ValueError, match="steps"):
@@ -150,10 +162,13 @@ def test_elbos_average_over_seeds_and_compare_the_solvers(monkeypatch):
     es = pf.ELBOSettings(n=2, steps=(4, 8), euler_steps=8, vi_samples=256)
     fine = {0: torch.tensor([-10.0, -12.0]), 1: torch.tensor([-14.0, -16.0])}         # seed means -11, -15
 
+    # each sample's probe variance: seed 0 [1, 3] (se sqrt(4) / 2 samples = 1), seed 1 none: probe_se 0.5
+    probe_var = {0: torch.tensor([1.0, 3.0]), 1: torch.zeros(2)}
+
     def fake(task, name, recipe, settings, seed):
         f = fine[seed] + (0.0 if name == "euclidean flow" else 100.0)
-        return {"euler 8": {"log_w": f + 5.0, "seconds": 1.0}, "rk4 4": {"log_w": f - 1.0, "seconds": 1.0},
-                "rk4 8": {"log_w": f, "seconds": 2.0}}
+        return {k: {"log_w": f + shift, "probe_var": probe_var[seed], "seconds": sec}
+                for k, shift, sec in (("euler 8", 5.0, 1.0), ("rk4 4", -1.0, 1.0), ("rk4 8", 0.0, 2.0))}
 
     monkeypatch.setattr(pf, "_elbo_samples", fake)
     q0 = tasks.vi_posterior("breast_cancer")                   # one fit stands for every seed's
@@ -164,6 +179,7 @@ def test_elbos_average_over_seeds_and_compare_the_solvers(monkeypatch):
     assert draws["doubling"] == pytest.approx(1.0) and draws["doubling_se"] == pytest.approx(0.0)
     assert draws["euler_gap"] == pytest.approx(5.0) and draws["euler"] == pytest.approx(-8.0)
     assert draws["within_se"] == pytest.approx(1.0)                    # std sqrt(2) over sqrt(2 samples)
+    assert draws["probe_se"] == pytest.approx(0.5)
     assert out.loc["flow (reverse KL)", "elbo"] == pytest.approx(87.0)
     assert out.attrs["seconds"] == pytest.approx(3 * 2 * 4.0)
     t = tasks.get_task("breast_cancer")
@@ -176,6 +192,8 @@ def test_elbos_average_over_seeds_and_compare_the_solvers(monkeypatch):
     assert math.isnan(vi["euler_gap"])
     with pytest.raises(ValueError, match="2 seeds"):
         pf.elbos("breast_cancer", seeds=(0,), settings=es)
+    with pytest.raises(ValueError, match="probes"):                    # one probe cannot measure its noise
+        pf.elbos("breast_cancer", seeds=(0, 1), settings=pf.ELBOSettings(2, (4, 8), 8, 256, probes=1))
 
 
 def test_joint_flow_starts_at_a_vi_mixture_and_trains_on_draws_and_density(monkeypatch):

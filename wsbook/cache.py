@@ -15,6 +15,9 @@ Strict mode: ``WSBOOK_CACHE_STRICT`` holds comma-separated prefixes of artifact 
 function whose name starts with one of them reads its entry as always, but where the entry is missing it
 raises :class:`StrictMiss` (naming the entry) instead of computing it. The chapters run that way in the
 tests, after ``python -m wsbook``, so a training the command line does not precompute fails loudly.
+
+Every computed entry appends its wall-clock seconds to ``computed.jsonl`` in the cache directory
+(:func:`compute_log`; ``python -m wsbook --timings`` sums it by artifact): a cold build says where its time went.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -41,6 +45,9 @@ _ALLOWED = (torch.Tensor, int, float, str, bool, type(None))
 _NAME = re.compile(r"[a-z0-9_]+(/[a-z0-9_]+)*")
 _REGISTRY: dict[str, str] = {}   # artifact name -> qualified name of the function that owns it
 _PROBING = False                 # inside probe(): a missing entry raises MissingEntry instead of computing
+_NESTED: list[float] = []        # seconds spent computing inner entries, one slot per entry being computed
+#: the file in the cache directory to which every computed entry appends a line (see :func:`compute_log`)
+COMPUTE_LOG = "computed.jsonl"
 
 
 class MissingEntry(LookupError):
@@ -345,6 +352,48 @@ def _strict_load(key: str, name: str, description: dict[str, Any]) -> Any:
         "(wsbook/cli.py registers what the chapters compute) or unset " + STRICT_ENV)
 
 
+@contextlib.contextmanager
+def _timed(key: str, name: str, description: dict[str, Any]) -> Iterator[None]:
+    """Append the computation's wall-clock seconds to :data:`COMPUTE_LOG`: ``seconds`` in all and ``own``
+    (less what the entries it computed inside took), so a cold build says where its time went."""
+    start, began = time.perf_counter(), time.time()
+    _NESTED.append(0.0)
+    try:
+        yield
+    finally:
+        inner = _NESTED.pop()
+        seconds = time.perf_counter() - start
+        if _NESTED:
+            _NESTED[-1] += seconds
+        if enabled() and distributed.is_main():
+            line = json.dumps({"name": name, "entry": _path(key, name).name, "scale": description["scale"],
+                               "seconds": round(seconds, 3), "own": round(seconds - inner, 3),
+                               "started": round(began, 1), "pid": os.getpid()})
+            try:
+                cache_dir().mkdir(parents=True, exist_ok=True)
+                with open(cache_dir() / COMPUTE_LOG, "a") as fh:     # one short line, appended in one write
+                    fh.write(line + "\n")
+            except OSError as err:
+                warnings.warn(f"wsbook cache: could not append to {COMPUTE_LOG}: {err}", stacklevel=3)
+
+
+def compute_log(directory: Path | None = None) -> list[dict[str, Any]]:
+    """The computations recorded in ``directory`` (default :func:`cache_dir`): one dict per computed entry,
+    in the order they finished, with ``name``, ``entry`` (its file name), ``scale``, ``seconds`` (wall clock,
+    the entries it computed inside included), ``own`` (those excluded), ``started`` (Unix time) and
+    ``pid``. Lines that do not parse (a write cut short) are skipped."""
+    path = (cache_dir() if directory is None else Path(directory)) / COMPUTE_LOG
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
 def cached(name: str, version: int | str = 1) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: cache a function's result under an explicit artifact ``name``, its bound arguments, the
     scale and ``version``.
@@ -400,7 +449,8 @@ def cached(name: str, version: int | str = 1) -> Callable[[Callable[..., Any]], 
                     hit, value = load_entry(key, name, description)
                     if hit:
                         return _to_device(value, config.device())
-                with config.isolated_rng():     # computing must draw no more randomness than loading
+                # computing must draw no more randomness than loading
+                with config.isolated_rng(), _timed(key, name, description):
                     value = fn(*args, **kwargs)
                 if enabled() and distributed.is_main():
                     save_entry(key, name, description, _to_device(value, torch.device("cpu")))

@@ -487,7 +487,30 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", help="ci, default or full (default: WSBOOK_SCALE, else default)")
     p.add_argument("--list", action="store_true", help="list the artifacts and whether each is cached, per scale")
     p.add_argument("--cache-dir", help="the cache directory (default: WSBOOK_CACHE_DIR, else the user cache)")
+    p.add_argument("--timings", action="store_true", help="where the cache's computing time went: seconds per "
+                   "artifact name at the scale, from the cache's log of computed entries, longest first")
     return p
+
+
+def print_timings(scale: str, file=None) -> float:
+    """Print the seconds the cache's compute log (:func:`wsbook.cache.compute_log`) records per artifact name
+    at ``scale``, longest first: the entries computed, their own seconds (less the entries computed inside
+    them) and their longest single one. Returns the total of own seconds."""
+    totals: dict[str, list[float]] = {}
+    for rec in cache.compute_log():
+        if rec.get("scale") == scale:
+            t = totals.setdefault(rec["name"], [0, 0.0, 0.0])
+            t[0], t[1], t[2] = t[0] + 1, t[1] + float(rec["own"]), max(t[2], float(rec["own"]))
+    if not totals:
+        print(f"no computations recorded at scale {scale} in {cache.cache_dir() / cache.COMPUTE_LOG}", file=file)
+        return 0.0
+    width = max(len(n) for n in totals)
+    print(f"{'artifact':<{width}}  entries  own seconds  longest", file=file)
+    for name, (count, own, longest) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
+        print(f"{name:<{width}}  {count:7d}  {own:11.1f}  {longest:7.1f}", file=file)
+    total = sum(t[1] for t in totals.values())
+    print(f"{'total':<{width}}  {sum(t[0] for t in totals.values()):7d}  {total:11.1f}", file=file)
+    return total
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -504,6 +527,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise CLIError(str(err)) from None
         if args.cache_dir:
             os.environ["WSBOOK_CACHE_DIR"] = args.cache_dir
+        if args.timings:
+            print_timings(config.scale())
+            return 0
         if not args.list and not args.artifacts:
             raise CLIError("name the artifacts to compute (or --list to see them)")
         registry = artifacts()
@@ -532,4 +558,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = ["Artifact", "CLIError", "artifacts", "groups", "select", "is_cached", "list_artifacts", "compute",
-           "as_chapters", "main"]
+           "as_chapters", "print_timings", "main"]

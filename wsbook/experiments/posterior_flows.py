@@ -27,9 +27,8 @@ which only :func:`verdict_table` reads:
   a Euclidean flow (trained on draws, or further on the density; its exact log-density by the change of
   variables), their effective sample size and the reweighted predictive; :func:`elbos`, the flows' and
   mean-field VI's evidence lower bounds (their reverse KLs to the posterior, up to one constant), over the
-  verdict's training seeds, the flows' log-densities from a converged RK4 solve with the exact trace
-  (:func:`flow_with_log_q`, the exact :func:`wsbook.flows.likelihood.divergence`) beside those of the Euler
-  steps they train with.
+  verdict's training seeds, the flows' log-densities from a converged RK4 solve with Hutchinson's divergence
+  (:func:`flow_with_log_q`; its probes' noise measured) beside those of the Euler steps they train with.
 * :func:`detection_sets`, :func:`detection_table`: the flow's log-likelihood of held-out posterior draws and
   of networks that are not from the posterior (another task, random initialisations, prior draws,
   perturbed draws, optimiser checkpoints), with the AUROC of the log-likelihood as a detector;
@@ -53,7 +52,7 @@ from wsbook.bayes import metrics as M
 from wsbook.bayes.distances import median_bandwidth, median_nn_distance, mmd2
 from wsbook.cache import cached
 from wsbook.experiments import protocol, targets
-from wsbook.flows.likelihood import divergence
+from wsbook.flows.likelihood import divergence, rademacher
 from wsbook.symmetry import neuron_norms, weight_matching
 from wsbook.weightflow import EuclideanChart, FlatField, GeometricChart, NeuronField, WeightFlow, gnn_field
 from wsbook.weightflow.variational import fit_reverse_kl
@@ -966,14 +965,17 @@ LOG_Q_METHODS = ("euler", "rk4")
 
 
 def flow_with_log_q(flow: WeightFlow, x0: Tensor, steps: int, method: str = "rk4",
-                    chunk: int = 256) -> tuple[Tensor, Tensor]:
+                    chunk: int = 256, probes: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Source points ``x0 [B, D]`` of a Euclidean flow carried to ``t = 1`` by ``steps`` fixed steps of
     ``method`` (``"euler"``, the solver the density flows train with, or ``"rk4"``), with ``log q`` carried
-    along by the instantaneous change of variables, ``d log q / dt = -div v``, the divergence exact
-    (:func:`wsbook.flows.likelihood.divergence`). Returns ``(chart points [B, D], log q [B])``: a sample and
-    its log-density under the flow that this solver defines, from one solve (no second solve back to the source, whose
-    error would add to the first one's). Doubling ``steps`` until the values stop changing gives the
-    density of the flow's ODE itself."""
+    along by the instantaneous change of variables, ``d log q / dt = -div v``
+    (:func:`wsbook.flows.likelihood.divergence`): the exact trace (``chunk`` unit vectors per backward pass),
+    or, given ``probes [P, B, D]``, Hutchinson's estimate with each sample's ``P`` probes held fixed along
+    its path. Returns ``(chart points [B, D], log q)``, ``log q`` of shape ``[B]`` (exact) or ``[P, B]``
+    (one estimate per probe, each unbiased: their mean is the estimate, their spread its noise): a sample
+    and its log-density under the flow that this solver defines, from one solve (no second solve back to
+    the source, whose error would add to the first one's). Doubling ``steps`` until the values stop
+    changing gives the density of the flow's ODE itself."""
     if not flow.euclidean:
         raise ValueError("flow_with_log_q: Euclidean charts only (the density flows); use WeightFlow.log_prob "
                          "with estimator='exact' on the spheres")
@@ -983,10 +985,16 @@ def flow_with_log_q(flow: WeightFlow, x0: Tensor, steps: int, method: str = "rk4
         raise ValueError(f"flow_with_log_q: steps must be a positive integer; got {steps!r}")
     eps, h = min(flow.t_eps, 0.5 / steps), 1.0 / steps
     x = flow.chart.check_points(x0, "x0")
+    if probes is not None and (probes.dim() != 3 or probes.shape[1:] != x.shape):
+        raise ValueError(f"flow_with_log_q: probes must have shape [P, {x.shape[0]}, {x.shape[1]}]; got "
+                         f"{tuple(probes.shape)}")
+    estimator = "exact" if probes is None else "hutchinson"
     log_q = flow.chart.source_log_prob(x).to(x.dtype)
+    if probes is not None:
+        log_q = log_q.expand(probes.shape[0], -1)
 
     def f(t: float, y: Tensor) -> tuple[Tensor, Tensor]:
-        return divergence(lambda z: flow.velocity(t, z, None, eps), y, "exact", chunk=chunk)
+        return divergence(lambda z: flow.velocity(t, z, None, eps), y, estimator, probes, chunk, per_probe=True)
 
     for k in range(int(steps)):
         t = k * h
@@ -1014,40 +1022,47 @@ class ELBOSettings:
     ``steps`` the RK4 step counts (the estimate at the last, each the double of the one before: the
     change between the last two says whether the solver has converged), ``euler_steps`` the Euler steps
     the density flows train with (the coarse solver shown beside), ``vi_samples`` samples of each VI fit
-    (its entropy is exact, its samples cheap), ``chunk`` unit vectors per batch of the exact trace."""
+    (its entropy is exact, its samples cheap), ``probes`` Rademacher probes per sample of Hutchinson's
+    divergence (0: the exact trace, ``chunk`` unit vectors per backward pass)."""
 
     n: int
     steps: tuple[int, ...]
     euler_steps: int
     vi_samples: int
+    probes: int = 0
     chunk: int = 256
 
 
 def elbo_settings() -> ELBOSettings:
-    """:func:`elbos`' sizes at the current scale (the exact trace costs ``D`` = 802 vector-Jacobian products
-    per field evaluation). The step counts are where the bound stopped changing: at `ci` 4 to 8 RK4 steps
-    move the reverse-KL flow's bound by a few nats; at `default` the flow trained on draws and density
-    (seed 0, 8 samples) moved by 13 nats from 8 to 16 steps and by 1 from 16 to 32, all of it one sample
-    whose ODE leaves the path the 8 Euler steps of training follow."""
+    """:func:`elbos`' sizes at the current scale. The exact trace costs ``D`` = 802 vector-Jacobian products
+    per field evaluation, Hutchinson's ``probes``; the probes' noise is measured beside the bound
+    (``probe_se``). The step counts are where the bound stopped changing (docs/tuning-log.md)."""
     s = config.by_scale
     return ELBOSettings(n=s(4, 32, 128), steps=s((4, 8), (16, 32), (32, 64)),
-                        euler_steps=kl_settings().solver_steps, vi_samples=s(256, 512, 2048))
+                        euler_steps=kl_settings().solver_steps, vi_samples=s(256, 512, 2048),
+                        probes=s(8, 16, 32))
 
 
-@cached("flows/posterior_elbo", version=1)
+@cached("flows/posterior_elbo", version=2)
 def _elbo_samples(task: str, name: str, recipe: tuple, es: ELBOSettings, seed: int) -> dict:
     from wsbook.experiments.tasks import get_task
 
     flow = train_posterior_flow(task, name, seed)[0]
-    x0 = flow.chart.sample_source(es.n, torch.Generator().manual_seed(9_000 + seed))
+    gen = torch.Generator().manual_seed(9_000 + seed)
+    x0 = flow.chart.sample_source(es.n, gen)
+    probes = rademacher((es.probes, *x0.shape), gen, x0.dtype).to(x0.device) if es.probes else None
     lp = get_task(task).log_posterior()
     out = {}
     for method, k in (("euler", es.euler_steps), *(("rk4", k) for k in es.steps)):
         start = time.perf_counter()
-        points, log_q = flow_with_log_q(flow, x0, k, method, es.chunk)
+        points, log_q = flow_with_log_q(flow, x0, k, method, es.chunk, probes)
+        log_q = log_q.double()
+        # the probes' noise on each sample's estimate (their mean): variance over probes / P
+        noise = log_q.var(0) / es.probes if es.probes > 1 else torch.zeros(es.n, dtype=torch.float64)
         with torch.no_grad():
-            log_w = lp(flow.chart.to_weights(points)).double() - log_q.double()
-        out[f"{method} {k}"] = {"log_w": log_w.cpu(), "seconds": time.perf_counter() - start}
+            log_w = lp(flow.chart.to_weights(points)).double() - (log_q.mean(0) if es.probes else log_q)
+        out[f"{method} {k}"] = {"log_w": log_w.cpu(), "probe_var": noise.cpu(),
+                                "seconds": time.perf_counter() - start}
     return out
 
 
@@ -1081,18 +1096,20 @@ def elbos(task: str = "breast_cancer", seeds: tuple[int, ...] = protocol.SEEDS,
     difference of reverse KLs to the posterior, the objective that VI and the density flows minimise.
 
     A flow's ``log q`` is that of its ODE: every sample is carried from the source by RK4 with its
-    log-density by the exact trace (:func:`flow_with_log_q`, no probe noise, no second solve back), at each
+    log-density (:func:`flow_with_log_q`, no second solve back), the divergence by Hutchinson's estimator
+    with ``settings.probes`` probes per sample (unbiased, so the bound is too; 0: the exact trace), at each
     step count of ``settings.steps``; the bound at the last count is the estimate, and its change from the
     count before (``doubling``, the same source points: a paired difference) shows whether the solver has
     converged. Beside it the bound that the Euler steps the density flows train with report
     (``euler``): a field trained through a few Euler steps can learn to exploit their error, and
-    ``euler - elbo`` is how much it would overstate the bound. VI's entropy is exact.
+    ``euler - elbo`` is how much it would overstate the bound. VI's entropy is exact. ``probe_se`` is the
+    part of a seed's standard error that the probes add (from each sample's spread over its probes).
 
     Returns a DataFrame indexed by method with columns ``elbo``, ``se`` (over seeds), ``doubling``,
     ``doubling_se`` (the change of the bound when the RK4 steps were last doubled), ``euler``,
     ``euler_se`` (the bound from the training solver), ``euler_gap``, ``euler_gap_se`` (training solver
     minus fine, paired per seed), ``within_se`` (the mean over seeds of a seed's standard error over its
-    samples) and ``seeds``; NaN where a column does not apply (VI). ``attrs``: ``settings``, ``seconds``
+    samples, probe noise included), ``probe_se`` (the probes' share of it) and ``seeds``; NaN where a column does not apply (VI). ``attrs``: ``settings``, ``seconds``
     (of the exact solves, all seeds).
     """
     import pandas as pd
@@ -1101,6 +1118,9 @@ def elbos(task: str = "breast_cancer", seeds: tuple[int, ...] = protocol.SEEDS,
     es = elbo_settings() if settings is None else settings
     if len(seeds) < 2 or len(es.steps) < 2:
         raise ValueError(f"elbos: needs at least 2 seeds and 2 step counts; got {seeds}, {es.steps}")
+    if es.probes == 1 or es.probes < 0:
+        raise ValueError(f"elbos: probes must be 0 (exact trace) or at least 2 (so their noise is measured); "
+                         f"got {es.probes}")
     fine, coarse, euler = f"rk4 {es.steps[-1]}", f"rk4 {es.steps[-2]}", f"euler {es.euler_steps}"
     rows, seconds = {}, 0.0
     for row, name in ELBO_FLOWS.items():
@@ -1112,15 +1132,18 @@ def elbos(task: str = "breast_cancer", seeds: tuple[int, ...] = protocol.SEEDS,
         eu, eu_se = protocol.mean_se(w[euler].mean(1))
         gap, gap_se = protocol.mean_se((w[euler] - w[fine]).mean(1))
         within = float((w[fine].std(1) / math.sqrt(es.n)).mean())
+        noise = torch.stack([out[fine]["probe_var"] for out in per_seed])           # [seeds, n]
+        probe_se = float((noise.sum(1).sqrt() / es.n).mean())
         rows[row] = {"elbo": elbo, "se": se, "doubling": dbl, "doubling_se": dbl_se, "euler": eu,
                      "euler_se": eu_se, "euler_gap": gap, "euler_gap_se": gap_se, "within_se": within,
-                     "seeds": len(seeds)}
+                     "probe_se": probe_se, "seeds": len(seeds)}
     w_vi = torch.stack([_vi_elbo_samples(task, s, es.vi_samples, method_settings("vi")) for s in seeds])
     elbo, se = protocol.mean_se(w_vi.mean(1))
     nan = float("nan")
     rows[ELBO_VI] = {"elbo": elbo, "se": se, "doubling": nan, "doubling_se": nan, "euler": nan, "euler_se": nan,
                      "euler_gap": nan, "euler_gap_se": nan,
-                     "within_se": float((w_vi.std(1) / math.sqrt(es.vi_samples)).mean()), "seeds": len(seeds)}
+                     "within_se": float((w_vi.std(1) / math.sqrt(es.vi_samples)).mean()), "probe_se": 0.0,
+                     "seeds": len(seeds)}
     table = pd.DataFrame(rows).T
     table.attrs.update(settings=es, seconds=seconds)
     return table

@@ -23,13 +23,15 @@ Tensor = torch.Tensor
 
 
 def divergence(f: Callable[[Tensor], Tensor], x: Tensor, estimator: str = "exact",
-               probes: Tensor | None = None, chunk: int = 256) -> tuple[Tensor, Tensor]:
+               probes: Tensor | None = None, chunk: int = 256, per_probe: bool = False) -> tuple[Tensor, Tensor]:
     """``(f(x), div f(x))`` for a batch ``x`` [B, D] of a field applied row-wise.
 
     ``estimator="exact"``: the trace of the Jacobian from the ``D`` vector-Jacobian products with the unit
     vectors, ``chunk`` of them batched into one backward pass (one pass per coordinate where the field's
     operations cannot be batched that way).
-    ``estimator="hutchinson"``: mean over ``probes`` [P, B, D] of eps^T J eps (vector-Jacobian products).
+    ``estimator="hutchinson"``: mean over ``probes`` [P, B, D] of eps^T J eps (the ``P`` vector-Jacobian
+    products in one batched backward pass); with ``per_probe`` the ``[P, B]`` estimates themselves, whose
+    spread measures the estimator's noise.
     """
     if chunk < 1:
         raise ValueError(f"divergence: chunk must be positive; got {chunk}")
@@ -42,11 +44,20 @@ def divergence(f: Callable[[Tensor], Tensor], x: Tensor, estimator: str = "exact
             if probes is None or probes.dim() != 3 or probes.shape[1:] != x.shape:
                 raise ValueError(f"divergence: Hutchinson needs probes of shape [P, {x.shape[0]}, {x.shape[1]}], "
                                  f"got {None if probes is None else tuple(probes.shape)}")
-            ests = [(torch.autograd.grad((v * eps).sum(), x, retain_graph=True)[0] * eps).sum(-1) for eps in probes]
-            div = torch.stack(ests, 0).mean(0)
+            div = _probe_terms(v, x, probes.to(x.dtype))
+            div = div if per_probe else div.mean(0)
         else:
             raise ValueError(f"divergence: estimator must be 'exact' or 'hutchinson', got {estimator!r}")
     return v.detach(), div.detach()
+
+
+def _probe_terms(v: Tensor, x: Tensor, probes: Tensor) -> Tensor:
+    """``eps^T J eps`` for every probe ``eps`` of ``probes`` [P, B, D]: ``[P, B]``."""
+    try:
+        rows = torch.autograd.grad(v, x, probes, is_grads_batched=True, retain_graph=True)[0]
+    except RuntimeError:      # an operation without a batching rule for its backward (vmap)
+        rows = torch.stack([torch.autograd.grad(v, x, eps, retain_graph=True)[0] for eps in probes])
+    return (rows * probes).sum(-1)
 
 
 def _exact_trace(v: Tensor, x: Tensor, chunk: int) -> Tensor:
