@@ -1109,8 +1109,8 @@ def elbos(task: str = "breast_cancer", seeds: tuple[int, ...] = protocol.SEEDS,
     ``doubling_se`` (the change of the bound when the RK4 steps were last doubled), ``euler``,
     ``euler_se`` (the bound from the training solver), ``euler_gap``, ``euler_gap_se`` (training solver
     minus fine, paired per seed), ``within_se`` (the mean over seeds of a seed's standard error over its
-    samples, probe noise included), ``probe_se`` (the probes' share of it) and ``seeds``; NaN where a column does not apply (VI). ``attrs``: ``settings``, ``seconds``
-    (of the exact solves, all seeds).
+    samples, probe noise included), ``probe_se`` (the probes' share of it) and ``seeds``; NaN where a
+    column does not apply (VI). ``attrs``: ``settings``, ``seconds`` (of the flows' solves, all seeds).
     """
     import pandas as pd
     from wsbook.experiments.tasks import settings as method_settings
