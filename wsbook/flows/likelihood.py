@@ -61,20 +61,16 @@ def _probe_terms(v: Tensor, x: Tensor, probes: Tensor) -> Tensor:
 
 
 def _exact_trace(v: Tensor, x: Tensor, chunk: int) -> Tensor:
+    """The trace of the Jacobian as the sum of ``e_i^T J e_i`` over the unit vectors, ``chunk`` at a time."""
     b, d = x.shape
     div = x.new_zeros(b)
-    try:
-        for start in range(0, d, chunk):
-            k = min(chunk, d - start)
-            idx = torch.arange(k, device=x.device)
-            unit = x.new_zeros(k, b, d)
-            unit[idx, :, start + idx] = 1.0
-            rows = torch.autograd.grad(v, x, unit, is_grads_batched=True, retain_graph=True)[0]
-            div = div + rows[idx, :, start + idx].sum(0)
-        return div
-    except RuntimeError:      # an operation without a batching rule for its backward (vmap)
-        cols = [torch.autograd.grad(v[:, i].sum(), x, retain_graph=True)[0][:, i] for i in range(d)]
-        return torch.stack(cols, 0).sum(0)
+    for start in range(0, d, chunk):
+        k = min(chunk, d - start)
+        idx = torch.arange(k, device=x.device)
+        unit = x.new_zeros(k, b, d)
+        unit[idx, :, start + idx] = 1.0
+        div = div + _probe_terms(v, x, unit).sum(0)
+    return div
 
 
 def rademacher(shape: tuple[int, ...], generator: torch.Generator | None = None,
