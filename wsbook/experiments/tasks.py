@@ -95,12 +95,12 @@ def settings(method: str) -> dict:
     """The per-scale sizes of every method (the one place they are chosen)."""
     s = config.by_scale
     return {
-        "hmc": dict(chains=s(8, 32, 64), warmup=s(60, 200, 1000), leapfrog=s(10, 30, 100), thin=s(1, 2, 5),
+        "hmc": dict(chains=s(32, 32, 64), warmup=s(60, 200, 1000), leapfrog=s(10, 30, 100), thin=s(1, 2, 5),
                     map_steps=s(150, 300, 1000)),
         "sgld": dict(chains=s(4, 8, 16), burnin=s(300, 2000, 10000), thin=s(5, 20, 50), lr=None),
         "sghmc": dict(chains=s(4, 8, 16), burnin=s(300, 2000, 10000), thin=s(5, 20, 50), lr=None),
         "ensemble": dict(steps=s(400, 2000, 5000), lr=1e-2),
-        "map": dict(steps=s(400, 2000, 5000), lr=1e-2),
+        "map": dict(steps=s(2000, 2000, 5000), lr=1e-2),
         "sgd_trajectory": dict(runs=s(4, 16, 100), steps=s(400, 2000, 5000), lr=1e-2),
         "vi": dict(steps=s(600, 4000, 20000), lr=1e-2, n_mc=s(2, 4, 8)),
         "laplace": dict(steps=s(400, 2000, 5000), lr=1e-2),
@@ -314,7 +314,7 @@ def compare_methods(task: str, methods: list[str], n: int, seed: int = 0, refere
     return pd.DataFrame(rows).set_index("method")
 
 
-def chain_modes(task: str, n: int, seed: int = 0, method: str = "hmc") -> dict:
+def chain_modes(task: str, n: int | None = None, seed: int = 0, method: str = "hmc") -> dict:
     """Do the chains of a chain-based run sit in different modes with the same predictions? Returns each
     chain's test accuracy and NLL (of its own model average), the median split-R-hat of the weights and of
     the test-set predictive probabilities across chains (weights far above 1 and functions near 1: different
@@ -326,11 +326,13 @@ def chain_modes(task: str, n: int, seed: int = 0, method: str = "hmc") -> dict:
 
     Args:
         task: a classification task of :data:`TASKS`.
-        n: samples of the run (at least 4 draws per chain).
+        n: samples of the run (at least 4 draws per chain); by default :func:`posterior_sample_size` or four
+            draws per chain, whichever is more.
         seed: seed of the run.
         method: a chain-based method (``hmc``, ``sgld``, ``sghmc``).
     """
-
+    if n is None and method in ("hmc", "sgld", "sghmc"):
+        n = max(posterior_sample_size(), 4 * settings(method)["chains"])
     run = posterior_run(task, method, n, seed)
     if "n_chains" not in run or method == "sgd_trajectory":
         raise ValueError(f"{method!r} runs have no chains to compare")
