@@ -229,6 +229,7 @@ def test_agreement_tv_and_nll_by_hand():
     assert math.isclose(float(M.total_variation(p, q)), (0.3 + 0.0 + 0.4) / 3, rel_tol=1e-6)
     y = torch.tensor([0, 1, 1])
     assert math.isclose(float(M.nll(p, y)), -(math.log(0.7) + math.log(0.8) + math.log(0.5)) / 3, rel_tol=1e-6)
+    assert torch.allclose(M.pointwise_nll(p, y), -torch.tensor([0.7, 0.8, 0.5]).log())
     assert math.isclose(float(M.rmse(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 4.0]))), math.sqrt(2.0), rel_tol=1e-6)
     # a one-member mixture is a plain Gaussian density
     nll = M.gaussian_nll(torch.tensor([[0.0, 1.0]]), torch.tensor([0.5, 0.5]), 2.0)

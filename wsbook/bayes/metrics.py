@@ -45,11 +45,17 @@ def _check(p: Tensor, y: Tensor | None = None) -> None:
         raise ValueError(f"labels have {y.shape[-1]} entries but the predictive has {p.shape[-2]} points")
 
 
-def nll(p: Tensor, y: Tensor, eps: float = 1e-12) -> Tensor:
-    """Mean negative log predictive density ``-(1/N) sum_n log p(y_n | x_n)``."""
+def pointwise_nll(p: Tensor, y: Tensor, eps: float = 1e-12) -> Tensor:
+    """Negative log predictive density of every point, ``-log p(y_n | x_n)`` (``[..., N]``): paired over the
+    same points, two predictives' difference has a standard error (:func:`nll` is its mean)."""
     _check(p, y)
     picked = torch.gather(p, -1, y.expand(p.shape[:-1]).unsqueeze(-1)).squeeze(-1)
-    return -(picked.clamp_min(eps).log()).mean(-1)
+    return -picked.clamp_min(eps).log()
+
+
+def nll(p: Tensor, y: Tensor, eps: float = 1e-12) -> Tensor:
+    """Mean negative log predictive density ``-(1/N) sum_n log p(y_n | x_n)``."""
+    return pointwise_nll(p, y, eps).mean(-1)
 
 
 def accuracy(p: Tensor, y: Tensor) -> Tensor:

@@ -25,6 +25,7 @@ from wsbook.bayes.model import GaussianPrior, LogPosterior
 from wsbook.bayes.optim import deep_ensemble, sgd_trajectory
 from wsbook.bayes.vi import fit_vi
 from wsbook.cache import cached
+from wsbook.experiments.protocol import mean_se
 from wsbook.nets import MLPSpec
 
 METHODS = ("hmc", "sgd_trajectory", "ensemble", "vi", "laplace", "sgld", "sghmc", "map")
@@ -277,9 +278,13 @@ def predictive_from_outputs(f: Tensor, task: str = "classification") -> Tensor:
 
 
 def compare_methods(task: str, methods: list[str], n: int, seed: int = 0, reference: str = "hmc",
-                    n_reference: int | None = None) -> "object":
+                    n_reference: int | None = None, baseline: str | None = "map") -> "object":
     """One table (a pandas DataFrame, one row per method) of test accuracy, NLL, ECE, Brier, and agreement and
     total variation against a reference predictive (Izmailov et al., 2021), with wall time.
+
+    With a ``baseline`` among ``methods``, the columns ``nll_diff`` and ``nll_diff_se`` hold each method's NLL
+    minus the baseline's, paired over the test points, and the standard error of that mean difference: how
+    far the test set's own noise lets the NLL column be read.
 
     The reference is an *independent* run of ``reference`` (seed ``seed + 1``, ``n_reference`` samples,
     default ``n``); every method, ``reference`` included, is run with ``seed`` and ``n`` samples. The row of the
@@ -293,6 +298,7 @@ def compare_methods(task: str, methods: list[str], n: int, seed: int = 0, refere
         seed: seed of every method's run (the reference uses ``seed + 1``).
         reference: the method whose independent run is the reference predictive.
         n_reference: samples of the reference run (default ``n``).
+        baseline: the method the paired NLL differences are taken against (``None``: no such columns).
     """
     import pandas as pd
 
@@ -302,15 +308,21 @@ def compare_methods(task: str, methods: list[str], n: int, seed: int = 0, refere
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown methods {unknown}; available: {', '.join(METHODS)}")
+    if baseline is not None and baseline not in methods:
+        raise ValueError(f"the baseline {baseline!r} must be one of the methods {methods}")
     y = t.data().y_test
     p_ref = predictive_from_outputs(posterior_run(task, reference, n_reference or n, seed + 1)["f_test"])
-    rows = []
+    rows, point_nll = [], {}
     for method in methods:
         run = posterior_run(task, method, n, seed)
         p = predictive_from_outputs(run["f_test"])
+        point_nll[method] = M.pointwise_nll(p, y).double()
         rows.append(dict(method=method, accuracy=float(M.accuracy(p, y)), nll=float(M.nll(p, y)),
                          ece=float(M.ece(p, y)), brier=float(M.brier(p, y)), agreement=float(M.agreement(p, p_ref)),
                          tv=float(M.total_variation(p, p_ref)), seconds=float(run["seconds"])))
+    if baseline is not None:
+        for row in rows:
+            row["nll_diff"], row["nll_diff_se"] = mean_se(point_nll[row["method"]] - point_nll[baseline])
     return pd.DataFrame(rows).set_index("method")
 
 
