@@ -208,8 +208,8 @@ def joint_settings() -> JointSettings:
     # field with a high Jacobian penalty are what the sweeps kept (tuned against HMC run 1; measurements:
     # docs/tuning-log.md)
     s = config.by_scale
-    return JointSettings(components=s(2, 4, 4), density_steps=s(100, 1500, 6000), density_lr=1e-3,
-                         steps=s(50, 600, 2400), lr=3e-4, batch_size=s(32, 64, 256), ema_decay=s(0.9, 0.99, 0.995),
+    return JointSettings(components=s(2, 4, 4), density_steps=s(100, 750, 6000), density_lr=1e-3,
+                         steps=s(50, 300, 2400), lr=3e-4, batch_size=s(32, 64, 256), ema_decay=s(0.9, 0.99, 0.995),
                          solver_steps=s(8, 8, 16), forward_weight=3.0)
 
 
