@@ -278,7 +278,7 @@ def predictive_from_outputs(f: Tensor, task: str = "classification") -> Tensor:
 
 
 def compare_methods(task: str, methods: list[str], n: int, seed: int = 0, reference: str = "hmc",
-                    n_reference: int | None = None, baseline: str | None = "map") -> "object":
+                    n_reference: int | None = None, baseline: str | None = None) -> "object":
     """One table (a pandas DataFrame, one row per method) of test accuracy, NLL, ECE, Brier, and agreement and
     total variation against a reference predictive (Izmailov et al., 2021), with wall time.
 
@@ -298,7 +298,7 @@ def compare_methods(task: str, methods: list[str], n: int, seed: int = 0, refere
         seed: seed of every method's run (the reference uses ``seed + 1``).
         reference: the method whose independent run is the reference predictive.
         n_reference: samples of the reference run (default ``n``).
-        baseline: the method the paired NLL differences are taken against (``None``: no such columns).
+        baseline: the method the paired NLL differences are taken against (e.g. ``"map"``; default none).
     """
     import pandas as pd
 
