@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from wsbook import bayes
 from wsbook.experiments import graphs as gexp
 from wsbook.experiments import published, tasks, zoos
 from wsbook.nets import MLPSpec
@@ -43,6 +44,25 @@ def test_compare_methods_pairs_each_nll_with_the_baselines_over_the_test_points(
     assert "nll_diff" not in tasks.compare_methods("breast_cancer", ["map"], 4, reference="map")
     with pytest.raises(ValueError, match="baseline"):
         tasks.compare_methods("breast_cancer", ["ensemble"], 4, reference="map", baseline="map")
+
+
+def test_compare_methods_shares_each_nll_over_the_points_every_method_misclassifies(tmp_path, monkeypatch):
+    monkeypatch.setenv("WSBOOK_CACHE_DIR", str(tmp_path))
+    table = tasks.compare_methods("breast_cancer", ["map", "ensemble"], 4, reference="map")
+    y = tasks.get_task("breast_cancer").data().y_test
+    p = {m: tasks.predictive_from_outputs(tasks.posterior_run("breast_cancer", m, 4, 0)["f_test"])
+         for m in ("map", "ensemble")}
+    missed = (p["map"].argmax(-1) != y) & (p["ensemble"].argmax(-1) != y)
+    assert table.attrs["n_missed_by_all"] == int(missed.sum())
+    for m in p:
+        nll = bayes.pointwise_nll(p[m], y).double()
+        assert math.isclose(table.loc[m, "nll_share_missed"], float(nll[missed].sum() / nll.sum()), rel_tol=1e-6)
+    assert ((table["nll_share_missed"] >= 0) & (table["nll_share_missed"] <= 1)).all()
+
+
+def test_chain_modes_refuses_a_method_without_chains():
+    with pytest.raises(ValueError, match="no chains"):
+        tasks.chain_modes("breast_cancer", method="vi")
 
 
 def test_cached_experiments_have_explicit_names():

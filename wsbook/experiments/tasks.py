@@ -284,7 +284,9 @@ def compare_methods(task: str, methods: list[str], n: int, seed: int = 0, refere
 
     With a ``baseline`` among ``methods``, the columns ``nll_diff`` and ``nll_diff_se`` hold each method's NLL
     minus the baseline's, paired over the test points, and the standard error of that mean difference: how
-    far the test set's own noise lets the NLL column be read.
+    far the test set's own noise lets the NLL column be read. The column ``nll_share_missed`` is the share of
+    each method's summed test NLL carried by the test points that every row misclassifies (their number is
+    ``table.attrs["n_missed_by_all"]``): when it is large, a handful of points decide the NLL column.
 
     The reference is an *independent* run of ``reference`` (seed ``seed + 1``, ``n_reference`` samples,
     default ``n``); every method, ``reference`` included, is run with ``seed`` and ``n`` samples. The row of the
@@ -312,18 +314,23 @@ def compare_methods(task: str, methods: list[str], n: int, seed: int = 0, refere
         raise ValueError(f"the baseline {baseline!r} must be one of the methods {methods}")
     y = t.data().y_test
     p_ref = predictive_from_outputs(posterior_run(task, reference, n_reference or n, seed + 1)["f_test"])
-    rows, point_nll = [], {}
+    rows, point_nll, wrong = [], {}, []
     for method in methods:
         run = posterior_run(task, method, n, seed)
         p = predictive_from_outputs(run["f_test"])
         point_nll[method] = M.pointwise_nll(p, y).double()
+        wrong.append(p.argmax(-1) != y)
         rows.append(dict(method=method, accuracy=float(M.accuracy(p, y)), nll=float(M.nll(p, y)),
                          ece=float(M.ece(p, y)), brier=float(M.brier(p, y)), agreement=float(M.agreement(p, p_ref)),
                          tv=float(M.total_variation(p, p_ref)), seconds=float(run["seconds"])))
-    if baseline is not None:
-        for row in rows:
+    missed_by_all = torch.stack(wrong).all(0)
+    for row in rows:
+        row["nll_share_missed"] = float(point_nll[row["method"]][missed_by_all].sum() / point_nll[row["method"]].sum())
+        if baseline is not None:
             row["nll_diff"], row["nll_diff_se"] = mean_se(point_nll[row["method"]] - point_nll[baseline])
-    return pd.DataFrame(rows).set_index("method")
+    table = pd.DataFrame(rows).set_index("method")
+    table.attrs["n_missed_by_all"] = int(missed_by_all.sum())
+    return table
 
 
 def chain_modes(task: str, n: int | None = None, seed: int = 0, method: str = "hmc") -> dict:
@@ -343,11 +350,11 @@ def chain_modes(task: str, n: int | None = None, seed: int = 0, method: str = "h
         seed: seed of the run.
         method: a chain-based method (``hmc``, ``sgld``, ``sghmc``).
     """
-    if n is None and method in ("hmc", "sgld", "sghmc"):
+    if method not in ("hmc", "sgld", "sghmc"):
+        raise ValueError(f"{method!r} runs have no chains to compare; use hmc, sgld or sghmc")
+    if n is None:
         n = max(posterior_sample_size(), 4 * settings(method)["chains"])
     run = posterior_run(task, method, n, seed)
-    if "n_chains" not in run or method == "sgd_trajectory":
-        raise ValueError(f"{method!r} runs have no chains to compare")
     C = run["n_chains"]
     S = n // C
     if S < 4:

@@ -60,7 +60,8 @@ METHOD_LABELS: dict[str, str] = {
     # metric columns
     "nll": "test NLL", "ece": "ECE", "brier": "Brier", "accuracy": "accuracy",
     "agreement": "agreement with HMC", "tv": "total variation to HMC", "seconds": "seconds",
-    "nll_diff": "test NLL − MAP's (paired)", "nll_diff_se": "its standard error",
+    "nll_diff": "test NLL − baseline's (paired)", "nll_diff_se": "its standard error",
+    "nll_share_missed": "NLL share of points all misclassify",
     "mmd2": "MMD²", "mmd_ratio": "MMD² / floor", "nn_train": "distance to nearest training network",
     "nn_train / nn_held": "nearest-neighbour ratio", "w2": "W2", "w2 / floor": "W2 / floor",
     "bma_accuracy": "BMA-64 accuracy", "bma_nll": "BMA-64 NLL", "train_seconds": "training seconds",
