@@ -134,6 +134,32 @@ def test_split_by_seed_holds_out_whole_runs():
         gexp.split_by_seed(seed, 3)
 
 
+def test_trained_model_trains_once_then_reads_the_cache(tmp_path, monkeypatch):
+    from wsbook import config
+    from wsbook.graphs.align import LearnedAligner, fit_aligner
+
+    monkeypatch.setenv("WSBOOK_CACHE_DIR", str(tmp_path))
+    spec = MLPSpec((4, 6, 5, 3))
+    gen = torch.Generator().manual_seed(0)
+    zoo, x, y = torch.randn(6, spec.n_params, generator=gen), torch.randn(32, 4, generator=gen), torch.arange(32) % 3
+    build = dict(dim=8, n_layers=1, layer="relational_transformer")
+    calls = []
+    monkeypatch.setitem(gexp.TRAINABLE, "aligner",
+                        (LearnedAligner, lambda *a, **k: calls.append(1) or fit_aligner(*a, **k)))
+    model, history, seconds = gexp.trained_model("aligner", spec, zoo, x, y, build=build, steps=3, batch_size=2)
+    again, history_again, _ = gexp.trained_model("aligner", spec, zoo, x, y, build=build, steps=3, batch_size=2)
+    assert len(calls) == 1 and seconds > 0 and history.shape == (3, 2)
+    # the same as training by hand from the same initial weights
+    with config.seeded(0):
+        by_hand = LearnedAligner(spec, **build)
+    torch.testing.assert_close(fit_aligner(by_hand, zoo, x, y, steps=3, batch_size=2), history_again)
+    for ours in (model, again):
+        for (name, a), b in zip(ours.state_dict().items(), by_hand.state_dict().values()):
+            torch.testing.assert_close(a, b, msg=name)
+    with pytest.raises(ValueError, match="trainable"):
+        gexp.trained_model("flow", spec, zoo)
+
+
 def test_pooled_digits_averages_blocks():
     x = torch.arange(2 * 64, dtype=torch.float32).view(2, 64)
     pooled = zoos.pooled_digits(x, 2)

@@ -1,6 +1,7 @@
-"""The generalization-prediction benchmark of chapter 6: models over weights predict a network's test
-accuracy from its weights, trained on some runs of a zoo (:func:`wsbook.experiments.zoos.digits_zoo`) and
-scored on held-out runs (Unterthiner et al., 2020)."""
+"""Chapter 6's models over weights, trained and cached: the generalization-prediction benchmark (models
+predict a network's test accuracy from its weights, trained on some runs of a zoo,
+:func:`wsbook.experiments.zoos.digits_zoo`, and scored on held-out runs; Unterthiner et al., 2020), and
+:func:`trained_model`, the learned aligner and the weight autoencoders fitted once and read from the cache."""
 from __future__ import annotations
 
 import time
@@ -9,6 +10,10 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from wsbook import config
+from wsbook.cache import cached
+from wsbook.graphs.align import LearnedAligner, fit_aligner
+from wsbook.graphs.inr import WeightAutoencoder, fit_autoencoder
 from wsbook.graphs.models import count_parameters
 from wsbook.graphs.neural_graph import NeuralGraph
 from wsbook.graphs.train import fit_predictor, kendall_tau, predict, r2_score
@@ -70,3 +75,44 @@ def generalization_benchmark(zoo: dict, models: dict[str, Callable[[], nn.Module
                          "parameters": count_parameters(model), "train_seconds": seconds}
         predictions[name] = pred
     return {"metrics": results, "predictions": predictions, "target": acc[test_idx], "test_index": test_idx}
+
+
+#: The models :func:`trained_model` fits, by kind: (constructor taking the spec first, its training function).
+TRAINABLE = {
+    "aligner": (LearnedAligner, fit_aligner),
+    "weight_autoencoder": (WeightAutoencoder, fit_autoencoder),
+}
+
+
+@cached("models/trained")
+def _fit_state(kind: str, spec, build: dict, data: list, fit: dict, init_seed: int) -> dict:
+    model = _build(kind, spec, build, init_seed)
+    start = time.perf_counter()
+    history = TRAINABLE[kind][1](model, *data, **fit)
+    return {"state": {k: v.detach() for k, v in model.state_dict().items()}, "history": history,
+            "seconds": time.perf_counter() - start}
+
+
+def _build(kind: str, spec, build: dict, init_seed: int) -> nn.Module:
+    with config.seeded(init_seed):
+        return TRAINABLE[kind][0](spec, **build)
+
+
+def trained_model(kind: str, spec, *data: Tensor, build: dict | None = None, init_seed: int = 0,
+                  **fit) -> tuple[nn.Module, Tensor, float]:
+    """A model of :data:`TRAINABLE` built from ``spec`` and ``build`` (its initial weights drawn under
+    ``init_seed``), trained by its training function on ``data`` with the keyword arguments ``fit``, and
+    cached: the second call with the same arguments reads the trained weights instead of training.
+    Returns ``(model, history, seconds)``: the per-step (or per-epoch) losses of the training function
+    and the wall-clock seconds the training took when it ran.
+
+    ``trained_model("aligner", spec, zoo, x, y, build=dict(dim=16), steps=300)`` is
+    ``fit_aligner(LearnedAligner(spec, dim=16), zoo, x, y, steps=300)``, once.
+    """
+    if kind not in TRAINABLE:
+        raise ValueError(f"unknown model kind {kind!r}; trainable: {', '.join(TRAINABLE)}")
+    build = dict(build or {})
+    out = _fit_state(kind, spec, build, list(data), fit, init_seed)
+    model = _build(kind, spec, build, init_seed)
+    model.load_state_dict(out["state"])
+    return model, out["history"], float(out["seconds"])
