@@ -643,17 +643,19 @@ def select_flow(validation) -> str:
     return protocol.select_best(scores, "mmd2", admissible=lambda sc: sc["tv"] < mean.loc["vi", "tv_run1"])
 
 
-def _test_table(test: "targets.Reference", *, task: str, sets: dict[str, list[Tensor]], chosen: str):
+def _test_table(test: "targets.Reference", *, task: str, sets: dict[str, list[list[Tensor]]], chosen: str):
     import pandas as pd
     from wsbook.experiments.tasks import get_task
 
     to_test = _distances_to(task, test)
     spec, x = test.spec, get_task(task).data().x_test
     rows = {}
-    for name, thetas in sets.items():
-        tv, mm = zip(*(to_test(targets.predictive_probs(spec, t, x)) for t in thetas))
-        (tv_mean, tv_se), (mm_mean, mm_se) = protocol.mean_se(tv), protocol.mean_se(mm)
-        rows[name] = {"seeds": len(thetas), "tv": tv_mean, "tv_se": tv_se, "mmd2": mm_mean, "mmd2_se": mm_se}
+    for name, per_seed in sets.items():
+        # a seed's score is the mean over its sets, so the error bar measures seeds, not one set's luck
+        scores = torch.tensor([[to_test(targets.predictive_probs(spec, t, x)) for t in thetas] for thetas in per_seed],
+                              dtype=torch.float64).mean(1)                                  # [seeds, (tv, mmd2)]
+        (tv_mean, tv_se), (mm_mean, mm_se) = protocol.mean_se(scores[:, 0]), protocol.mean_se(scores[:, 1])
+        rows[name] = {"seeds": len(per_seed), "tv": tv_mean, "tv_se": tv_se, "mmd2": mm_mean, "mmd2_se": mm_se}
     table = pd.DataFrame(rows).T
     for other, against in ((VI_ROW, "VI"), (MIXTURE_ROW, "per-chain gaussians")):
         for col, measure in (("tv", "TV"), ("mmd2", "MMD²")):
@@ -666,12 +668,15 @@ def verdict_table(task: str = "breast_cancer", n: int | None = None, seeds: tupl
     test run.
 
     The flow is chosen by :func:`select_flow` from :func:`validation_scores` (seed-0 flows). It is then
-    trained once per seed of ``seeds`` (not seed 0, whose sample the choice read) and each seed's ``n``
-    networks, its source's ``n`` networks (the flow with a zero field), a mean-field VI fit of that seed,
-    the mixture of per-chain Gaussians fitted to the training run's draws (:func:`gaussian_fits`) and ``n``
-    draws of the training run itself (the row a perfect sampler would match) are scored against the test
-    run in :func:`wsbook.experiments.protocol.final_report`: total variation of the model average (``tv``)
-    and function-space MMD² (``mmd2``), mean and standard error over the seeds, and verdict columns
+    trained once per seed of ``seeds`` (not seed 0, whose sample the choice read), and from each seed
+    :func:`repeat_count` sets of ``n`` networks of every row are scored against the test run (as the
+    validation scores are): the flow's, its source's (the flow with a zero field), those of a mean-field VI
+    fit of that seed, of the mixture of per-chain Gaussians fitted to the training run's draws
+    (:func:`gaussian_fits`) and draws of the training run itself (the row a perfect sampler would match).
+    A seed's score is the mean over its sets; :func:`wsbook.experiments.protocol.final_report` computes the
+    total variation of the model average (``tv``) and function-space MMD² (``mmd2``) against the test run,
+    their mean and standard error over the seeds (the training seed's spread, with one set's sampling noise
+    averaged down), and verdict columns
     (:func:`~wsbook.experiments.protocol.versus`: *met* = closer beyond two standard errors) of the flow and
     its source against VI and against the per-chain Gaussians.
 
@@ -685,7 +690,7 @@ def verdict_table(task: str = "breast_cancer", n: int | None = None, seeds: tupl
     return _verdict_table(task, n, tuple(seeds), recipes, (settings("vi"), settings("hmc")), repeat_count())
 
 
-@cached("flows/posterior_verdict", version=1)
+@cached("flows/posterior_verdict", version=2)   # 2: every seed scored over `repeats` sets
 def _verdict_table(task: str, n: int, seeds: tuple[int, ...], recipes: dict, methods: tuple, repeats: int):
     """:func:`verdict_table`, cached under everything it reads besides the HMC runs' own entries: the
     candidates' training settings (``recipes``), VI's and HMC's settings (``methods``), the validation
@@ -695,16 +700,19 @@ def _verdict_table(task: str, n: int, seeds: tuple[int, ...], recipes: dict, met
     validation = validation_scores(task, n, repeats)
     chosen = select_flow(validation)
     make, train = candidates(task)[chosen], targets.hmc_reference(task, HMC_RUNS["training"])
-    sets: dict[str, list[Tensor]] = {HMC_ROW: [], chosen: [], FLOW_SOURCE_ROW: [], VI_ROW: [], MIXTURE_ROW: []}
+    sets: dict[str, list[list[Tensor]]] = {HMC_ROW: [], chosen: [], FLOW_SOURCE_ROW: [], VI_ROW: [], MIXTURE_ROW: []}
     for s in seeds:
         gen = torch.Generator().manual_seed(s)
         flow, vi = make(s), vi_posterior(task, s)
-        with torch.no_grad():
-            sets[chosen].append(sample_flow(flow, n, gen)[0])
-            sets[FLOW_SOURCE_ROW].append(flow.chart.to_weights(flow.chart.sample_source(n, gen)))
-            sets[VI_ROW].append(vi.sample(n, gen).samples)
-        sets[MIXTURE_ROW].append(gaussian_fits(task, n, gen)[MIXTURE_ROW][0])
-        sets[HMC_ROW].append(train.theta[protocol.iid_rows(len(train.theta), n, gen)])
+        for per_seed in sets.values():
+            per_seed.append([])
+        for _ in range(repeats):
+            with torch.no_grad():
+                sets[chosen][-1].append(sample_flow(flow, n, gen)[0])
+                sets[FLOW_SOURCE_ROW][-1].append(flow.chart.to_weights(flow.chart.sample_source(n, gen)))
+                sets[VI_ROW][-1].append(vi.sample(n, gen).samples)
+            sets[MIXTURE_ROW][-1].append(gaussian_fits(task, n, gen)[MIXTURE_ROW][0])
+            sets[HMC_ROW][-1].append(train.theta[protocol.iid_rows(len(train.theta), n, gen)])
     test = protocol.Sealed(targets.hmc_reference(task, HMC_RUNS["test"]), f"{task}: the test HMC run")
     table = protocol.final_report(_test_table, test, task=task, sets=sets, chosen=chosen)
     goal = [table.loc[chosen, f"{m} vs VI"] for m in ("TV", "MMD²")]
