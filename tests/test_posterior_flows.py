@@ -399,7 +399,8 @@ def test_posterior_verdict_chooses_on_validation_and_reads_the_test_run_only_in_
     with pytest.raises(AssertionError, match="outside the final report"):
         runs[2].probs                                                    # selection code that peeks fails
     sampled = []
-    monkeypatch.setattr(pf, "sample_flow", lambda flow, m, g: sampled.append(m) or (outputs(m, flow.shift, g), None, 0.0))
+    monkeypatch.setattr(pf, "sample_flow",
+                        lambda flow, m, g: sampled.append(m) or (outputs(m, flow.shift, g), None, 0.0))
     monkeypatch.setattr(pf, "repeat_count", lambda: 4)
     table = pf.verdict_table(n=64)
     # validation: 4 sets of each of 3 candidates; test: each seed's score is the mean over its own 4 sets
