@@ -9,10 +9,9 @@ The notebooks and the browser checks run in pytest-xdist workers, one per CPU co
 torch runs on one thread (``OMP_NUM_THREADS=1``), since thread pools of several kernels on the same cores
 spin against each other.
 
-With ``WSBOOK_STRICT_CHAPTERS=1`` (``make test`` sets it) the chapters gate runs ``python -m wsbook`` for
+With ``WSBOOK_STRICT_CHAPTERS=1`` (``make test`` sets it) the chapters gate first runs ``python -m wsbook`` for
 the command-line groups of the selected chapters (``chapter/08``, ``chapter/08b``, ``chapter/08c``, ``chapter/08d``,
-``chapter/09``) into the gate's cache directory, on one core while the chapters without a group run on the
-other workers, then runs the chapters of those groups; every chapter runs with ``WSBOOK_CACHE_STRICT=flows/``
+``chapter/09``) into the gate's cache directory, then runs the chapters with ``WSBOOK_CACHE_STRICT=flows/``
 (:mod:`wsbook.cache`): a flow the chapters train or sample that the command line does not precompute fails
 its chapter instead of being computed there.
 """
@@ -108,51 +107,36 @@ def cli_groups(chapters: list[Path]) -> list[str]:
 def gate_chapters(extra: list[str]) -> int:
     chapters = toc_files()
     selected = [c for c in chapters if not extra or any(e in c.name for e in extra)]
-    if not selected:
-        print("no chapters selected")
-        return 1
     env = env_ci()
-    groups = cli_groups(selected) if strict_chapters() else []
-    if not groups:
-        if strict_chapters():
-            env["WSBOOK_CACHE_STRICT"] = STRICT_PREFIXES
-        return nbval(selected, env, workers())
-    # The command line computes the results chapters' artifacts on one core while the other chapters run
-    # beside it on the remaining workers; the results chapters run after it, on every worker.
-    cli_env = dict(env, OMP_NUM_THREADS="1")
-    env["WSBOOK_CACHE_STRICT"] = STRICT_PREFIXES
-    print(f"strict: the chapters run with WSBOOK_CACHE_STRICT={STRICT_PREFIXES} (they load those entries, "
-          "never compute them)", flush=True)
-    results = [c for c in selected if f"chapter/{c.stem.split('_')[0]}" in groups]
-    others = [c for c in selected if c not in results]
-    cmd = [str(BIN / "python"), "-m", "wsbook", *groups, "--scale", env["WSBOOK_SCALE"]]
-    print("+", " ".join(cmd), flush=True)
-    start = time.perf_counter()
-    cli = subprocess.Popen(cmd, env=cli_env, cwd=ROOT)
-    code = nbval(others, dict(env, OMP_NUM_THREADS="1"), max(1, workers() - 1)) if others else 0
-    cli_code = cli.wait()
-    print(f"python -m wsbook {' '.join(groups)}: {time.perf_counter() - start:.1f} s", flush=True)
-    return code or cli_code or nbval(results, env, workers())
-
-
-def nbval(chapters: list[Path], env: dict[str, str], n_workers: int) -> int:
-    """Run ``chapters`` under nbval in ``n_workers`` pytest-xdist processes (0: in this one)."""
-    env = dict(env)
+    if strict_chapters():
+        groups = cli_groups(selected)
+        if groups:
+            start = time.perf_counter()
+            code = run([str(BIN / "python"), "-m", "wsbook", *groups, "--scale", env["WSBOOK_SCALE"]], env=env)
+            print(f"python -m wsbook {' '.join(groups)}: {time.perf_counter() - start:.1f} s", flush=True)
+            if code:
+                return code
+        env["WSBOOK_CACHE_STRICT"] = STRICT_PREFIXES
+        print(f"strict: the chapters run with WSBOOK_CACHE_STRICT={STRICT_PREFIXES} (they load those entries, "
+              "never compute them)", flush=True)
     with tempfile.TemporaryDirectory(prefix="wsbook-nbval-") as tmp:
         notebooks = []
-        for chapter in chapters:
+        for chapter in selected:
             target = Path(tmp) / f"{chapter.stem}.ipynb"
             code = run([str(BIN / "jupytext"), "--quiet", "--to", "ipynb", "-o", str(target), str(chapter)])
             if code:
                 return code
             notebooks.append(str(target))
+        if not notebooks:
+            print("no chapters selected")
+            return 1
         # one notebook per worker process (--dist loadfile keeps a notebook's cells in order in one kernel)
-        if n_workers > 1:
+        if workers() > 1:
             env["OMP_NUM_THREADS"] = "1"
-        parallel = ["-n", str(n_workers), "--dist", "loadfile"] if n_workers > 0 else []
         return run([str(BIN / "python"), "-m", "pytest", "--nbval-lax", "--nbval-current-env",
-                    "--nbval-cell-timeout=600", "-p", "no:cacheprovider", "-q", *parallel, "--rootdir", tmp,
-                    *notebooks], env=env, cwd=Path(tmp))
+                    "--nbval-cell-timeout=600", "-p", "no:cacheprovider", "-q", "-n", str(workers()),
+                    "--dist", "loadfile", "--rootdir", tmp, *notebooks],
+                   env=env, cwd=Path(tmp))
 
 
 def gate_book(extra: list[str]) -> int:
