@@ -4,8 +4,8 @@ Usage: ``python tests/gates.py [unit|chapters|book|browser ...]`` (no argument: 
 Chapters run at ``ci`` scale unless ``WSBOOK_SCALE`` is set (the Makefile sets ``ci``); the nbval run and the book build share one cache directory so the book
 build reuses what the chapter run computed.
 
-The notebooks and the browser checks run in pytest-xdist workers, one per CPU core up to 4
-(``WSBOOK_TEST_WORKERS`` overrides; 0 runs them in one process); with more than one worker every notebook's
+The unit tests, the notebooks and the browser checks run in pytest-xdist workers, one per CPU core up to 4
+(``WSBOOK_TEST_WORKERS`` overrides; 0 runs them in one process); with more than one worker every worker's
 torch runs on one thread (``OMP_NUM_THREADS=1``), since thread pools of several kernels on the same cores
 spin against each other.
 
@@ -79,8 +79,14 @@ def run(cmd: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> 
 
 
 def gate_unit(extra: list[str]) -> int:
+    env = env_ci()
+    parallel = []
+    if workers() > 1:
+        # tests are short and uneven (one takes about 95 s): idle workers take queued tests from busy ones
+        env["OMP_NUM_THREADS"] = "1"
+        parallel = ["-n", str(workers()), "--dist", "worksteal"]
     return run([str(BIN / "python"), "-m", "pytest", "tests", "-m", "not book", "-q", "-p", "no:cacheprovider",
-                *extra])
+                *parallel, *extra], env=env)
 
 
 #: the artifact-name prefixes that chapters may only load, never compute, in the strict chapters gate
