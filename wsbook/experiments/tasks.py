@@ -29,6 +29,8 @@ from wsbook.experiments.protocol import mean_se
 from wsbook.nets import MLPSpec
 
 METHODS = ("hmc", "sgd_trajectory", "ensemble", "vi", "laplace", "sgld", "sghmc", "map")
+#: the methods of :data:`METHODS` whose runs are chains (:func:`chain_modes`)
+CHAIN_METHODS = ("hmc", "sgld", "sghmc")
 
 
 @dataclass(frozen=True)
@@ -348,10 +350,10 @@ def chain_modes(task: str, n: int | None = None, seed: int = 0, method: str = "h
         n: samples of the run (at least 4 draws per chain); by default :func:`posterior_sample_size` or four
             draws per chain, whichever is more.
         seed: seed of the run.
-        method: a chain-based method (``hmc``, ``sgld``, ``sghmc``).
+        method: a chain-based method (:data:`CHAIN_METHODS`).
     """
-    if method not in ("hmc", "sgld", "sghmc"):
-        raise ValueError(f"{method!r} runs have no chains to compare; use hmc, sgld or sghmc")
+    if method not in CHAIN_METHODS:
+        raise ValueError(f"{method!r} runs have no chains to compare; use one of {', '.join(CHAIN_METHODS)}")
     if n is None:
         n = max(posterior_sample_size(), 4 * settings(method)["chains"])
     run = posterior_run(task, method, n, seed)
