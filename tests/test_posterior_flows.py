@@ -355,8 +355,8 @@ def test_sample_flow_without_a_generator_draws_from_the_books_seed(monkeypatch):
 def test_posterior_verdict_chooses_on_validation_and_reads_the_test_run_only_in_the_report(monkeypatch):
     """The protocol on fake runs, flows and VI ("networks" are their own test outputs): the choice reads the
     validation run only (the test run raises anywhere but inside protocol.final_report), the chosen flow
-    is the candidate nearest the validation run among those whose TV there beats VI's, every row of the
-    verdict has one value per fresh seed, and a flow at the test run's own distribution beats VI."""
+    is the candidate nearest the validation run, every row of the verdict has one value per fresh seed, a
+    flow at the test run's own distribution beats VI, and a chosen guided flow brings its control row."""
     from types import SimpleNamespace
 
     from wsbook.experiments import protocol, tasks
@@ -381,15 +381,19 @@ def test_posterior_verdict_chooses_on_validation_and_reads_the_test_run_only_in_
     monkeypatch.setattr(pf.targets, "hmc_reference", lambda task, seed: opened.append(seed) or runs[seed])
     monkeypatch.setattr(pf.targets, "predictive_probs", lambda spec, theta, x: theta)
 
-    def sampler(shift):
-        chart = SimpleNamespace(sample_source=lambda m, g: outputs(m, 3.0, g), to_weights=lambda x: x)
-        return SimpleNamespace(shift=shift, chart=chart)
+    sampled = []
+
+    def sampler(shift, guide=None):
+        def draw(m, g):
+            sampled.append(m)
+            return outputs(m, shift, g)
+        return SimpleNamespace(draw=draw, source=lambda m, g: outputs(m, 3.0, g), guide=guide,
+                               control=lambda m, g: outputs(m, 2.0, g))
 
     # "good" is nearest the runs, "vi-like" is VI's twin, "far" is farther than VI
     shifts = {"far": 1.5, "good": 0.05, "vi-like": 0.4}
     monkeypatch.setattr(pf, "candidates", lambda task="breast_cancer": {k: (lambda s, v=v: sampler(v))
                                                                         for k, v in shifts.items()})
-    monkeypatch.setattr(pf, "sample_flow", lambda flow, m, g: (outputs(m, flow.shift, g), None, 0.0))
     vi = SimpleNamespace(sample=lambda m, g: SimpleNamespace(samples=outputs(m, 0.4, g)))
     monkeypatch.setattr(tasks, "vi_posterior", lambda task, seed=0, members=1: vi)
     monkeypatch.setattr(pf, "gaussian_fits", lambda task, m, g: {pf.MIXTURE_ROW: (outputs(m, 0.2, g), 0.0)})
@@ -398,9 +402,7 @@ def test_posterior_verdict_chooses_on_validation_and_reads_the_test_run_only_in_
     assert 2 not in opened and pf.select_flow(validation) == "good"     # the choice never looked at run 2
     with pytest.raises(AssertionError, match="outside the final report"):
         runs[2].probs                                                    # selection code that peeks fails
-    sampled = []
-    monkeypatch.setattr(pf, "sample_flow",
-                        lambda flow, m, g: sampled.append(m) or (outputs(m, flow.shift, g), None, 0.0))
+    sampled.clear()
     monkeypatch.setattr(pf, "repeat_count", lambda: 4)
     table = pf.verdict_table(n=64)
     # validation: 4 sets of each of 3 candidates; test: each seed's score is the mean over its own 4 sets
@@ -411,6 +413,25 @@ def test_posterior_verdict_chooses_on_validation_and_reads_the_test_run_only_in_
     assert table.loc["good", "TV vs VI"] == "met" and table.loc["good", "MMD² vs VI"] == "met"
     assert table.loc[pf.FLOW_SOURCE_ROW, "MMD² vs VI"] == "missed" and table.attrs["goal"] == "met"
     assert table.loc[pf.VI_ROW, "TV vs VI"] == "—"
+
+    # a guided candidate chosen: its control (prior draws under the same guidance) is a row with verdicts
+    monkeypatch.setattr(pf, "candidates", lambda task="breast_cancer": {
+        "guided": lambda s: sampler(0.05, guide="a guide"), "far": lambda s: sampler(1.5)})
+    table = pf.verdict_table(n=64, seeds=(5, 6, 7))
+    assert table.attrs["selected"] == "guided" and pf.GUIDANCE_CONTROL_ROW in table.index
+    assert table.loc[pf.GUIDANCE_CONTROL_ROW, "MMD² vs VI"] == "missed"
+
+
+def test_the_posterior_choice_is_the_widest_margin_over_vi_in_the_narrower_measure():
+    """select_flow: a candidate far ahead of VI in MMD² but barely ahead in TV loses to one clearly ahead in
+    both; a candidate behind VI in either measure is never preferred to one ahead in both."""
+    import pandas as pd
+
+    means = {"vi": (0.020, 0.014), "mmd-only": (0.0195, 0.008), "both": (0.015, 0.011), "tv-only": (0.010, 0.016)}
+    validation = pd.DataFrame({(col, "mean"): [v[i] for v in means.values()]
+                               for i, col in enumerate(("tv_run1", "mmd2_run1"))}, index=list(means))
+    assert pf.select_flow(validation) == "both"
+    assert pf.select_flow(validation.drop("both")) == "mmd-only"
 
 
 def test_off_chart_marks_networks_with_a_neuron_without_direction():
