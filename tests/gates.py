@@ -1,8 +1,13 @@
-"""The gates of `make test`, each timed: unit tests, chapters under nbval, the book build, the browser.
+"""The gates of `make test`, each timed: unit tests, chapters, the book build, the browser.
 
 Usage: ``python tests/gates.py [unit|chapters|book|browser ...]`` (no argument: all, in that order).
-Chapters run at ``ci`` scale unless ``WSBOOK_SCALE`` is set (the Makefile sets ``ci``); the nbval run and the book build share one cache directory so the book
-build reuses what the chapter run computed.
+Chapters run at ``ci`` scale unless ``WSBOOK_SCALE`` is set (the Makefile sets ``ci``); the chapters gate and
+the book build share one cache directory so the book build reuses what the chapters gate computed.
+
+The chapters gate runs every chapter under nbval (a cell that raises fails it). When the book gate follows
+in the same run (``make test``), the chapters execute once, in the book build, which fails on a cell that
+raises just as nbval does (``nb_execution_raise_on_error``): running them under nbval as well would execute
+every chapter twice.
 
 The unit tests, the notebooks and the browser checks run in pytest-xdist workers, one per CPU core up to 4
 (``WSBOOK_TEST_WORKERS`` overrides; 0 runs them in one process); with more than one worker every worker's
@@ -11,9 +16,9 @@ spin against each other.
 
 With ``WSBOOK_STRICT_CHAPTERS=1`` (``make test`` sets it) the chapters gate first runs ``python -m wsbook`` for
 the command-line groups of the selected chapters (``chapter/08``, ``chapter/08b``, ``chapter/08c``, ``chapter/08d``,
-``chapter/09``) into the gate's cache directory, then runs the chapters with ``WSBOOK_CACHE_STRICT=flows/``
-(:mod:`wsbook.cache`): a flow the chapters train or sample that the command line does not precompute fails
-its chapter instead of being computed there.
+``chapter/09``) into the gate's cache directory, then runs the chapters (under nbval, or in the book build)
+with ``WSBOOK_CACHE_STRICT=flows/`` (:mod:`wsbook.cache`): a flow the chapters train or sample that the
+command line does not precompute fails its chapter instead of being computed there.
 """
 from __future__ import annotations
 
@@ -110,7 +115,13 @@ def cli_groups(chapters: list[Path]) -> list[str]:
     return [g for g in dict.fromkeys(wanted) if g in known]
 
 
-def gate_chapters(extra: list[str]) -> int:
+#: set by the chapters gate for a book gate that executes the chapters in its place (see the module docstring)
+BOOK_ENV: dict[str, str] = {}
+
+
+def gate_chapters(extra: list[str], notebooks: bool = True) -> int:
+    """Precompute the command line's artifacts (strict mode), then run the selected chapters under nbval;
+    with ``notebooks=False`` leave the chapters to the book gate, with the same strictness."""
     chapters = toc_files()
     selected = [c for c in chapters if not extra or any(e in c.name for e in extra)]
     env = env_ci()
@@ -125,6 +136,10 @@ def gate_chapters(extra: list[str]) -> int:
         env["WSBOOK_CACHE_STRICT"] = STRICT_PREFIXES
         print(f"strict: the chapters run with WSBOOK_CACHE_STRICT={STRICT_PREFIXES} (they load those entries, "
               "never compute them)", flush=True)
+    if not notebooks:
+        BOOK_ENV.update({k: env[k] for k in ("WSBOOK_CACHE_STRICT",) if k in env})
+        print("the chapters execute once, in the book gate's build (a cell that raises fails it)", flush=True)
+        return 0
     with tempfile.TemporaryDirectory(prefix="wsbook-nbval-") as tmp:
         notebooks = []
         for chapter in selected:
@@ -147,8 +162,11 @@ def gate_chapters(extra: list[str]) -> int:
 
 def gate_book(extra: list[str]) -> int:
     shutil.rmtree(CI_BUILD, ignore_errors=True)
+    env = env_ci() | BOOK_ENV
+    if BOOK_ENV:
+        print(f"the book build executes the chapters with {BOOK_ENV}", flush=True)
     return run([str(BIN / "python"), "-m", "wsbook.book", str(ROOT), "-W", "--keep-going", "--path-output",
-                str(CI_BUILD)])
+                str(CI_BUILD)], env=env)
 
 
 def gate_browser(extra: list[str]) -> int:
@@ -172,7 +190,10 @@ def main(argv: list[str]) -> int:
     for name in names:
         start = time.perf_counter()
         print(f"\n=== gate: {name} ===", flush=True)
-        code = GATES[name](extra)
+        if name == "chapters" and "book" in names and not extra:
+            code = gate_chapters(extra, notebooks=False)
+        else:
+            code = GATES[name](extra)
         results.append((name, code, time.perf_counter() - start))
         print(f"=== gate {name}: {'passed' if code == 0 else 'FAILED'} in {results[-1][2]:.1f} s ===", flush=True)
         if code:
