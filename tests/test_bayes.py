@@ -185,6 +185,36 @@ def test_laplace_ggn_full_and_diag_agree_on_the_diagonal():
     assert torch.linalg.eigvalsh(full).min() > -1e-5  # positive semi-definite
 
 
+@pytest.mark.parametrize("kind", ["full", "diag"])
+def test_laplace_glm_predictive_samples_each_input_from_its_output_gaussian(kind):
+    """The GLM predictive draws each input's outputs from N(f0, J Σ Jᵀ) (glm_output_distribution): that
+    covariance is J Σ Jᵀ from the posterior covariance, the empirical covariance of whole-function samples
+    (glm_function_samples) matches it, and the predictive agrees with the softmax average of those samples."""
+    from wsbook.bayes.laplace import jacobian
+
+    g = torch.Generator().manual_seed(0)
+    spec = MLPSpec((3, 5, 3))
+    x = torch.randn(40, 3, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (40,), generator=g)
+    lp = bayes.LogPosterior(spec, x, y, 1.0, "classification")
+    theta = spec.init(1, generator=g).double()
+    la = bayes.fit_laplace(lp, theta, kind=kind, tune_prior=False)
+    f0, cov = la.glm_output_distribution(x[:6])
+    J, post = jacobian(spec, la.mean, x[:6])[0], la.covariance()[0]
+    expect = (torch.einsum("ncd,de,nke->nck", J, post, J) if kind == "full"
+              else torch.einsum("ncd,d,nkd->nck", J, post, J))
+    assert f0.shape == (1, 6, 3) and torch.allclose(cov[0], expect, atol=1e-10)
+    f = la.glm_function_samples(x[:6], 20_000, torch.Generator().manual_seed(1))[0]      # [n, N, C]
+    centred = f - f.mean(0)
+    empirical = torch.einsum("snc,snk->nck", centred, centred) / (f.shape[0] - 1)
+    assert torch.allclose(empirical, cov[0], atol=0.05 * float(cov.abs().max()))
+    p = la.predictive(x[:6], n=20_000, generator=torch.Generator().manual_seed(2))[0]
+    assert p.shape == (6, 3) and torch.allclose(p.sum(-1), torch.ones(6, dtype=p.dtype))
+    assert (p - torch.softmax(f, -1).mean(0)).abs().max() < 0.01
+    with pytest.raises(ValueError, match="positive number"):
+        la.predictive(x[:6], n=0)
+
+
 def test_every_method_returns_draw_major_samples(linreg):
     """[n, D] draw-major with the chain / run / member of each row, for trajectories, Laplace and VI alike."""
     lp, g = linreg["lp"], torch.Generator().manual_seed(4)

@@ -137,14 +137,26 @@ class LaplacePosterior:
             return s2
         return torch.einsum("bde,be,bfe->bdf", self.eigvecs, s2, self.eigvecs)
 
-    def glm_function_samples(self, x: Tensor, n: int, generator: torch.Generator | None = None) -> Tensor:
-        """Samples of the linearized network outputs ``f(x, theta*) + J(x) (theta - theta*)``: ``[B, n, N, C]``."""
+    def _scaled_jacobian(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The outputs at the mean ``[B, N, C]`` and the Jacobian in the posterior's whitened coordinates,
+        ``J(x) V diag(s)`` ``[B, N, C, D]``: the linearized outputs are ``f0 + (J V s) z`` with ``z ~ N(0, I)``."""
         with torch.no_grad():
             f0 = self.spec.forward(self.mean, x)                             # [B, N, C]
         J = jacobian(self.spec, self.mean, x)                                 # [B, N, C, D]
         if self.eigvecs is not None:
             J = torch.einsum("bncd,bde->bnce", J, self.eigvecs)
-        J = J * self._scale()[:, None, None, :]
+        return f0, J * self._scale()[:, None, None, :]
+
+    def glm_output_distribution(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The linearized network's outputs at each input as a Gaussian: mean ``[B, N, C]`` and covariance
+        ``J Σ Jᵀ`` ``[B, N, C, C]`` (the GLM predictive before the link)."""
+        f0, J = self._scaled_jacobian(x)
+        return f0, J @ J.transpose(-1, -2)
+
+    def glm_function_samples(self, x: Tensor, n: int, generator: torch.Generator | None = None) -> Tensor:
+        """Samples of the linearized network outputs ``f(x, theta*) + J(x) (theta - theta*)``: ``[B, n, N, C]``,
+        each sample one draw of the weights, so a sample is a function over all of ``x`` jointly."""
+        f0, J = self._scaled_jacobian(x)
         z = torch.randn(self.mean.shape[0], n, self.mean.shape[1], generator=generator,
                         dtype=self.mean.dtype).to(self.mean.device)
         # outputs kept class-major, [B, n, out, N] in memory (as the forward returns them): a softmax over few
@@ -155,9 +167,20 @@ class LaplacePosterior:
                    generator: torch.Generator | None = None) -> Tensor:
         """Class probabilities per member ``[B, N, C]`` averaged over ``n`` samples, by the linearized
         (``glm``) or the plain Monte Carlo (``mc``, the network evaluated at sampled weights) predictive.
-        For regression the returned tensor holds the sampled outputs ``[B, n, N, out]``."""
+        For regression the returned tensor holds the sampled outputs ``[B, n, N, out]``.
+
+        The ``glm`` samples are drawn from each input's output Gaussian (:meth:`glm_output_distribution`), a
+        ``C``-dimensional draw per input instead of a ``D``-dimensional one per function: the predictive at an
+        input depends on that input's marginal only (draws at different inputs are independent; for samples
+        that are functions over all inputs, use :meth:`glm_function_samples`)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive number of samples; got {n!r}")
         if method == "glm":
-            f = self.glm_function_samples(x, n, generator)
+            f0, cov = self.glm_output_distribution(x)
+            evals, evecs = torch.linalg.eigh(cov)                            # a root of the PSD covariance
+            root = evecs * evals.clamp_min(0).sqrt().unsqueeze(-2)            # [B, N, C, C]
+            z = torch.randn(f0.shape[0], n, *f0.shape[1:], generator=generator, dtype=f0.dtype).to(f0.device)
+            f = f0.unsqueeze(1) + torch.einsum("bnce,bsne->bsnc", root, z)
         elif method == "mc":
             th = self._member_samples(n, generator)
             with torch.no_grad():
