@@ -22,8 +22,8 @@ def test_every_target_lists_its_flows_by_the_names_of_the_tables():
     assert set(pipeline.recipes("breast_cancer")) == set(flows.breast_cancer_candidates())
     assert set(pipeline.recipes(mf.ZOO)) == set(mf.RECIPES)
     assert tuple(pipeline.recipes("posterior/breast_cancer")) == pf.FLOWS
-    guided = {pf.guided_name(w) for w in pf.GUIDANCE_WEIGHTS}
-    assert set(pf.candidates()) == set(pf.FLOWS) | guided, "the verdict chooses among the pipeline's flows"
+    assert set(pf.GUIDED_FLOWS.values()) == set(pf.GUIDANCE_WEIGHTS)
+    assert set(pf.candidates()) == set(pf.FLOWS) | set(pf.GUIDED_FLOWS), "the verdict chooses among these flows"
     with pytest.raises(ValueError, match="unknown target"):
         pipeline.recipes("wine")
     with pytest.raises(ValueError, match="unknown recipe 'nope' for 'breast_cancer'"):

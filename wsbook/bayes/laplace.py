@@ -111,8 +111,7 @@ class LaplacePosterior:
 
     def _member_samples(self, n: int, generator: torch.Generator | None) -> Tensor:
         """``n`` weight samples of every member: ``[B, n, D]``."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be a positive number of samples; got {n!r}")
+        _check_count(n)
         z = torch.randn(*self.mean.shape[:1], n, self.mean.shape[1], generator=generator,
                         dtype=self.mean.dtype).to(self.mean.device) * self._scale().unsqueeze(1)
         if self.eigvecs is not None:
@@ -173,8 +172,7 @@ class LaplacePosterior:
         ``C``-dimensional draw per input instead of a ``D``-dimensional one per function: the predictive at an
         input depends on that input's marginal only (draws at different inputs are independent; for samples
         that are functions over all inputs, use :meth:`glm_function_samples`)."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be a positive number of samples; got {n!r}")
+        _check_count(n)
         if method == "glm":
             f0, cov = self.glm_output_distribution(x)
             evals, evecs = torch.linalg.eigh(cov)                            # a root of the PSD covariance
@@ -190,6 +188,11 @@ class LaplacePosterior:
         if self.task == "classification":
             return torch.softmax(f, -1).mean(1)
         return f
+
+
+def _check_count(n: int) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive number of samples; got {n!r}")
 
 
 def evidence(loglik: Tensor, theta: Tensor, eigvals: Tensor, delta: Tensor) -> Tensor:

@@ -636,11 +636,8 @@ GUIDANCE_CONTROL_ROW = "prior + the same guidance"
 #: the guidance weights ``lambda`` the verdict tries on the flow trained on draws and density: each is a
 #: candidate of its own, so the weight is chosen on the validation run with the flows
 GUIDANCE_WEIGHTS = (0.2, 0.5, 1.0)
-
-
-def guided_name(weight: float) -> str:
-    """The row name of the flow trained on draws and density sampled with guidance ``weight``."""
-    return f"{DENSITY_FLOWS[0]}, guided λ={weight:g}"
+#: the guided candidates by row name: ``{name: lambda}``
+GUIDED_FLOWS = {f"{DENSITY_FLOWS[0]}, guided λ={w:g}": w for w in GUIDANCE_WEIGHTS}
 
 
 @dataclass(frozen=True)
@@ -672,11 +669,11 @@ class Candidate:
 def candidates(task: str = "breast_cancer") -> dict:
     """The posterior samplers :func:`verdict_table` chooses among, by row name: ``{name: seed -> Candidate}``:
     every flow of :data:`FLOWS`, and the flow trained on draws and density with each guidance weight of
-    :data:`GUIDANCE_WEIGHTS` (the same trained flow, so a weight costs no training)."""
+    :data:`GUIDANCE_WEIGHTS` (:data:`GUIDED_FLOWS`; the same trained flow, so a weight costs no training)."""
     out = {name: (lambda s, name=name: Candidate(train_posterior_flow(task, name, s)[0], task=task))
            for name in FLOWS}
-    for w in GUIDANCE_WEIGHTS:
-        out[guided_name(w)] = lambda s, w=w: Candidate(train_posterior_flow(task, DENSITY_FLOWS[0], s)[0],
+    for name, w in GUIDED_FLOWS.items():
+        out[name] = lambda s, w=w: Candidate(train_posterior_flow(task, DENSITY_FLOWS[0], s)[0],
                                                        task_guidance(task, w), task)
     return out
 
@@ -1473,10 +1470,11 @@ def density_check(task: str = "breast_cancer", charts: tuple[str, ...] = CHARTS,
 
 __all__ = ["CHARTS", "FlowSettings", "flow_settings", "KLSettings", "kl_settings", "posterior_field", "FLOWS",
            "train_posterior_flow", "JointSettings", "joint_settings", "sample_flow",
-           "methods_table", "HMC_RUNS", "Candidate", "candidates", "GUIDANCE_WEIGHTS", "guided_name",
+           "methods_table", "HMC_RUNS", "Candidate", "candidates", "GUIDANCE_WEIGHTS", "GUIDED_FLOWS",
            "GUIDANCE_CONTROL_ROW", "validation_scores", "select_flow", "verdict_table",
            "alignment_spread", "prior_draws", "gaussian_fits",
-           "task_guidance", "sample_guided", "guided_prior", "guided", "posterior_terms", "memorisation", "RHAT_LIMIT", "RHAT_SHARE", "COST_GOAL",
+           "task_guidance", "sample_guided", "guided_prior", "guided",
+           "posterior_terms", "memorisation", "RHAT_LIMIT", "RHAT_SHARE", "COST_GOAL",
            "COST_MORE", "MET_AT_MORE", "NoCost", "rhat_quantile", "cost_refusal", "cost_verdict", "amortised_cost", "cost",
            "cost_inputs", "cost_table", "task_cost", "importance_sampling", "PROPOSALS", "elbos",
            "ELBO_FLOWS", "ELBO_VI", "ELBOSettings", "elbo_settings", "flow_with_log_q",
