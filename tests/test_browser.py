@@ -75,6 +75,18 @@ def browser():
         b.close()
 
 
+# A page that draws 3-D scenes renders them in software here (headless, no GPU): chapter 7 takes about 15 s
+# to load on a quiet two-core machine and can pass 30 s (playwright's default) while another worker loads a page.
+PAGE_LOAD_MS = 120_000
+
+
+def new_tab(browser, width: int = 1280, height: int = 900, **options):
+    """A fresh browser context and its tab, with the page-load timeout above."""
+    context = browser.new_context(viewport={"width": width, "height": height}, **options)
+    context.set_default_navigation_timeout(PAGE_LOAD_MS)
+    return context, context.new_page()
+
+
 def chapter_pages() -> list[Path]:
     return [p for p in pages() if p.parent.name == "chapters"]
 
@@ -109,8 +121,7 @@ def test_chapter_page_reads_cleanly(server, browser, page):
     import urllib.request
 
     url = f"{server}/{page.relative_to(HTML).as_posix()}"
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    tab = context.new_page()
+    context, tab = new_tab(browser)
     tab.goto(url, wait_until="load")
     html = page.read_text()
     n_figures = html.count("Plotly.newPlot")
@@ -163,8 +174,7 @@ def test_result_pages_show_the_networks(server, browser, name):
     drawn."""
     page = next((p for p in chapter_pages() if p.name == name), None)
     assert page is not None, f"no chapter page {name} in {HTML}"
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    tab = context.new_page()
+    context, tab = new_tab(browser)
     tab.goto(f"{server}/{page.relative_to(HTML).as_posix()}", wait_until="load")
     n_figures = page.read_text().count("Plotly.newPlot")
     tab.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}",
@@ -211,8 +221,7 @@ def test_slider_figures_move_without_a_kernel(server, browser, page):
     html = page.read_text()
     if '"sliders"' not in html:
         pytest.skip("no slider figure on this page")
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    tab = context.new_page()
+    context, tab = new_tab(browser)
     errors: list[str] = []
     tab.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
     tab.goto(f"{server}/{page.relative_to(HTML).as_posix()}", wait_until="load")
@@ -309,8 +318,7 @@ def test_no_fontawesome_script_and_the_icons_still_drawn(server, browser):
     linked = [p.name for p in pages() if "scripts/fontawesome.js" in p.read_text()]
     assert not linked, f"pages still link fontawesome.js: {linked[:5]}"
     page = next(p for p in chapter_pages() if p.name.startswith("01_"))
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    tab = context.new_page()
+    context, tab = new_tab(browser)
     tab.goto(f"{server}/{page.relative_to(HTML).as_posix()}", wait_until="load")
     tab.evaluate("document.fonts.ready")
     icons = tab.evaluate("""() => Array.from(document.querySelectorAll(
@@ -405,8 +413,7 @@ def test_figures_tell_series_apart_and_place_log_marks(server, browser, page, re
         pytest.skip("no figure on this page")
     if page.name in KNOWN_ALIKE:
         request.applymarker(pytest.mark.xfail(reason=KNOWN_ALIKE[page.name], strict=False))
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    tab = context.new_page()
+    context, tab = new_tab(browser)
     tab.goto(f"{server}/{page.relative_to(HTML).as_posix()}", wait_until="load")
     tab.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}",
                           timeout=60_000)
@@ -444,8 +451,7 @@ def test_api_reference_shows_weightflow(server, browser):
     its signature and methods."""
     page = HTML / "book" / "api" / "weightflow.html"
     assert page.exists(), f"no API page for wsbook.weightflow at {page}"
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    tab = context.new_page()
+    context, tab = new_tab(browser)
     tab.goto(f"{server}/{page.relative_to(HTML).as_posix()}", wait_until="load")
     text = tab.evaluate("document.querySelector('main').innerText")
     signatures = tab.evaluate("Array.from(document.querySelectorAll('dt.sig')).map(el => el.id)")
@@ -459,8 +465,7 @@ def test_api_reference_shows_weightflow(server, browser):
 def test_page_renders(server, browser, page):
     url = f"{server}/{page.relative_to(HTML).as_posix()}"
     errors: list[str] = []
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    tab = context.new_page()
+    context, tab = new_tab(browser)
     tab.on("console", lambda msg: errors.append(f"console {msg.type}: {msg.text}") if msg.type == "error" else None)
     tab.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
     tab.on("requestfailed", lambda req: errors.append(f"request failed: {req.url} ({req.failure})"))
@@ -521,8 +526,7 @@ PHONE_CHECK = """
 def test_chapter_page_at_phone_width(server, browser, page):
     """Issue 11: at 400 px the page does not scroll sideways, figures fit, legends sit below the plot
     (never over it, never cut off) and hover labels are formatted (no ``10.83285p``)."""
-    context = browser.new_context(viewport={"width": 400, "height": 850}, device_scale_factor=1)
-    tab = context.new_page()
+    context, tab = new_tab(browser, 400, 850, device_scale_factor=1)
     tab.goto(f"{server}/{page.relative_to(HTML).as_posix()}", wait_until="load")
     n_figures = page.read_text().count("Plotly.newPlot")
     if n_figures:
@@ -599,8 +603,7 @@ def test_chapter_opens_as_notebook_in_jupyterlab(browser, tmp_path):
                 pass
             assert time.monotonic() < deadline, f"jupyter lab did not start:\n{(tmp_path / 'lab.log').read_text()[-2000:]}"
             time.sleep(0.5)
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
-        tab = context.new_page()
+        context, tab = new_tab(browser)
         tab.goto(f"{base}/lab/tree/{chapter}?token={token}", wait_until="load")
         try:
             tab.wait_for_function(f"document.querySelectorAll('.jp-NotebookPanel .jp-Notebook .jp-CodeCell')"
