@@ -374,9 +374,10 @@ def test_posterior_verdict_chooses_on_validation_and_reads_the_test_run_only_in_
                 raise AssertionError("the test run was read outside the final report")
             return self.values
 
-    runs = {s: Run(values=outputs(400, 0.0, torch.Generator().manual_seed(10 + s)), sealed=s == 2, spec=None,
+    test = pf.HMC_RUNS["test"]
+    runs = {s: Run(values=outputs(400, 0.0, torch.Generator().manual_seed(10 + s)), sealed=s == test, spec=None,
                    theta=outputs(400, 0.0, torch.Generator().manual_seed(20 + s)))
-            for s in (0, 1, 2)}
+            for s in pf.HMC_RUNS.values()}
     opened = []
     monkeypatch.setattr(pf.targets, "hmc_reference", lambda task, seed: opened.append(seed) or runs[seed])
     monkeypatch.setattr(pf.targets, "predictive_probs", lambda spec, theta, x: theta)
@@ -399,15 +400,16 @@ def test_posterior_verdict_chooses_on_validation_and_reads_the_test_run_only_in_
     monkeypatch.setattr(pf, "gaussian_fits", lambda task, m, g: {pf.MIXTURE_ROW: (outputs(m, 0.2, g), 0.0)})
 
     validation = pf.validation_scores(n=32, repeats=3)
-    assert 2 not in opened and pf.select_flow(validation) == "good"     # the choice never looked at run 2
+    assert test not in opened and pf.select_flow(validation) == "good"  # the choice never looked at the test run
+    assert {pf.vi_row(s) for s in protocol.SEEDS} < set(validation.index)   # VI's yardstick: the verdict's fits
     with pytest.raises(AssertionError, match="outside the final report"):
-        runs[2].probs                                                    # selection code that peeks fails
+        runs[test].probs                                                 # selection code that peeks fails
     sampled.clear()
     monkeypatch.setattr(pf, "repeat_count", lambda: 4)
     table = pf.verdict_table(n=64)
     # validation: 4 sets of each of 3 candidates; test: each seed's score is the mean over its own 4 sets
     assert len(sampled) == 4 * 3 + 4 * len(protocol.SEEDS)
-    assert table.attrs["selected"] == "good" and 2 in opened
+    assert table.attrs["selected"] == "good" and test in opened
     assert set(table.index) == {pf.HMC_ROW, "good", pf.FLOW_SOURCE_ROW, pf.VI_ROW, pf.MIXTURE_ROW}
     assert (table["seeds"] == len(protocol.SEEDS)).all()
     assert table.loc["good", "TV vs VI"] == "met" and table.loc["good", "MMD² vs VI"] == "met"
@@ -424,14 +426,23 @@ def test_posterior_verdict_chooses_on_validation_and_reads_the_test_run_only_in_
 
 def test_the_posterior_choice_is_the_widest_margin_over_vi_in_the_narrower_measure():
     """select_flow: a candidate far ahead of VI in MMD² but barely ahead in TV loses to one clearly ahead in
-    both; a candidate behind VI in either measure is never preferred to one ahead in both."""
+    both; a candidate behind VI in either measure is never preferred to one ahead in both; VI's distances are
+    the mean over its fits, not one fit's."""
     import pandas as pd
 
-    means = {"vi": (0.020, 0.014), "mmd-only": (0.0195, 0.008), "both": (0.015, 0.011), "tv-only": (0.010, 0.016)}
-    validation = pd.DataFrame({(col, "mean"): [v[i] for v in means.values()]
-                               for i, col in enumerate(("tv_run1", "mmd2_run1"))}, index=list(means))
+    def table(means):
+        return pd.DataFrame({(col, "mean"): [v[i] for v in means.values()]
+                             for i, col in enumerate(("tv_run1", "mmd2_run1"))}, index=list(means))
+
+    vi = {pf.vi_row(1): (0.030, 0.010), pf.vi_row(2): (0.010, 0.018)}          # mean (0.020, 0.014)
+    means = {"mmd-only": (0.019, 0.008), "both": (0.015, 0.011), "tv-only": (0.010, 0.016)}
+    validation = table(vi | means)
     assert pf.select_flow(validation) == "both"
     assert pf.select_flow(validation.drop("both")) == "mmd-only"
+    # the first fit alone, far from HMC in TV, would make "mmd-only" look safe in both measures
+    assert pf.select_flow(table({pf.vi_row(1): vi[pf.vi_row(1)]} | means)) == "mmd-only"
+    with pytest.raises(ValueError, match="no VI rows"):
+        pf.select_flow(table(means))
 
 
 def test_off_chart_marks_networks_with_a_neuron_without_direction():
