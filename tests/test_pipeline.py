@@ -99,3 +99,24 @@ def test_posterior_samples_are_scored_against_the_validation_run():
     assert itself["tv"] < other["tv"] + 0.05 and itself["mmd2"] <= other["mmd2"] + 1e-3
     prior = pipeline.score(post, pf.prior_draws("breast_cancer", 16, torch.Generator().manual_seed(0)))
     assert prior["mmd2"] > other["mmd2"] and prior["tv"] > other["tv"]
+
+
+def test_a_guided_posterior_candidate_samples_through_the_pipeline_as_the_verdict_draws_it(monkeypatch):
+    """pipeline.sample of a name of posterior_flows.GUIDED_FLOWS draws the flow trained on draws and density
+    with that guidance weight: the networks of the verdict's Candidate, from the same generator."""
+    from wsbook.experiments import tasks
+    from wsbook.weightflow import WeightFlow, make_chart
+
+    spec = tasks.get_task("breast_cancer").spec
+    flow = WeightFlow(make_chart("euclidean", spec), pf.posterior_field(spec))
+    trained = []
+    monkeypatch.setattr(pf, "train_posterior_flow",
+                        lambda task, name, seed=0: trained.append(name) or (flow, 0.0, torch.zeros(1)))
+    name, lam = next(iter(pf.GUIDED_FLOWS.items()))
+    theta, seconds = pipeline.sample("posterior/breast_cancer", name, 3, generator=torch.Generator().manual_seed(4))
+    ref = pf.candidates()[name](0).draw(3, torch.Generator().manual_seed(4))
+    plain, _ = pipeline.sample("posterior/breast_cancer", pf.DENSITY_FLOWS[0], 3,
+                               generator=torch.Generator().manual_seed(4))
+    assert set(trained) == {pf.DENSITY_FLOWS[0]} and seconds > 0
+    assert torch.allclose(theta, ref) and not torch.allclose(theta, plain)      # the guidance moved them
+    assert pf.candidates()[name](0).guide.weight == lam

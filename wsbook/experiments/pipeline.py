@@ -18,6 +18,8 @@ test runs are read only by the verdict tables.
 """
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,7 +109,9 @@ def sample(target: str, name: str, n: int | None = None, *, seed: int = 0, sampl
     chapter asks.
 
     Args:
-        target, name, seed: the trained flow, as in :func:`train`.
+        target, name, seed: the trained flow, as in :func:`train`; on a posterior target ``name`` may also be a
+            guided candidate (:data:`~wsbook.experiments.posterior_flows.GUIDED_FLOWS`): the flow trained on
+            draws and density, drawn with that weight of task-loss guidance, as the verdict draws it.
         n: networks to draw (default for MNIST: its budget's ``n_samples``; required otherwise).
         sample_seed: the source points and guidance minibatches (default: 1 for breast cancer, 0 otherwise).
         steps: midpoint steps of the ODE solver (default: the target's).
@@ -117,7 +121,9 @@ def sample(target: str, name: str, n: int | None = None, *, seed: int = 0, sampl
         widths: sample another architecture (MNIST's width transfer, :meth:`~wsbook.weightflow.WeightFlow.with_spec`).
         generator: posterior targets only: draw from this generator.
     """
-    r = recipe(target, name)
+    # a guided posterior candidate (posterior_flows.GUIDED_FLOWS) draws from the flow it guides
+    lam = pf.GUIDED_FLOWS.get(name) if target not in ZOO_TARGETS else None
+    r = recipe(target, name if lam is None else pf.DENSITY_FLOWS[0])
     if n is not None and n < 1:
         raise ValueError(f"sample: n must be positive; got {n}")
     if target == mf.ZOO:
@@ -143,7 +149,12 @@ def sample(target: str, name: str, n: int | None = None, *, seed: int = 0, sampl
         raise ValueError("sample: posterior flows are not guided here (see posterior_flows.guided)")
     if generator is None:
         generator = config.generator() if sample_seed is None else torch.Generator().manual_seed(sample_seed)
-    theta, _, seconds = pf.sample_flow(train(target, name, seed).flow, n, generator, steps)
+    flow = train(target, r.name, seed).flow
+    if lam is not None:
+        start = time.perf_counter()
+        theta = pf.sample_guided(flow, n, pf.task_guidance(_task(target), lam), generator, steps)
+        return theta, time.perf_counter() - start
+    theta, _, seconds = pf.sample_flow(flow, n, generator, steps)
     return theta, seconds
 
 
