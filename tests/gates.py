@@ -129,7 +129,8 @@ def gate_chapters(extra: list[str], notebooks: bool = True) -> int:
         groups = cli_groups(selected)
         if groups:
             start = time.perf_counter()
-            code = run([str(BIN / "python"), "-m", "wsbook", *groups, "--scale", env["WSBOOK_SCALE"]], env=env)
+            code = run([str(BIN / "python"), "-m", "wsbook", *groups, "--scale", env["WSBOOK_SCALE"],
+                        "--jobs", str(workers())], env=env)
             print(f"python -m wsbook {' '.join(groups)}: {time.perf_counter() - start:.1f} s", flush=True)
             if code:
                 return code

@@ -6,11 +6,15 @@
     python -m wsbook zoos hmc --scale full           # compute what is missing (names, groups or patterns)
     python -m wsbook 'flow/mnist/*' --scale default
     torchrun --nproc-per-node 4 -m wsbook chapter/08 --scale full     # the same work over 4 processes
+    python -m wsbook all --scale ci --jobs 2         # on a CPU: two artifacts at a time, one thread each
 
 Every artifact is a call of the cached functions of :mod:`wsbook.experiments` with the arguments the
 chapters use, so the chapters find the entries and only load them. Under ``torchrun`` the processes share
 the work (:mod:`wsbook.distributed`): population members and HMC chains are split over the ranks and
 gathered, flows train with DistributedDataParallel, and rank 0 writes the cache and prints the summary.
+On a CPU, where most artifacts are small networks that one core computes about as fast as several,
+``--jobs N`` instead computes N artifacts at a time in child processes of one torch thread each; an entry
+that two of them need is computed by one while the other waits for its lock (:mod:`wsbook.cache`).
 Errors (an unknown artifact or scale, a cache directory that cannot be written, an optional artifact whose
 data is not on disk) are one line on stderr and a non-zero exit code. The optional artifacts (``zoo/mnist``:
 the full MNIST from ``WSBOOK_MNIST_DIR``; nothing is downloaded) are listed always, computed when named,
@@ -487,9 +491,29 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", help="ci, default or full (default: WSBOOK_SCALE, else default)")
     p.add_argument("--list", action="store_true", help="list the artifacts and whether each is cached, per scale")
     p.add_argument("--cache-dir", help="the cache directory (default: WSBOOK_CACHE_DIR, else the user cache)")
+    p.add_argument("--jobs", type=int, default=1, help="on a CPU: artifacts computed at a time, each in a process "
+                   "of its own with one torch thread (default 1: one process, torch's threads)")
     p.add_argument("--timings", action="store_true", help="where the cache's computing time went: seconds per "
                    "artifact name at the scale, from the cache's log of computed entries, longest first")
     return p
+
+
+def compute_in_processes(names: list[str], registry: dict[str, Artifact], jobs: int) -> int:
+    """Compute the artifacts ``names`` that are not cached yet in ``jobs`` child processes of this command line
+    (one torch thread each), dealt out in turn in the registry's order so that the early artifacts, which
+    the later ones read, start first; each child prints its own summary. Returns 0, or the first child's
+    non-zero exit code once all have finished."""
+    import subprocess
+
+    pending = [n for n in names if not is_cached(registry[n])]
+    shares = [pending[i::jobs] for i in range(jobs) if pending[i::jobs]]
+    print(f"python -m wsbook: {len(pending)} of {len(names)} artifact(s) to compute, in {len(shares)} "
+          f"process(es) of one thread", flush=True)
+    env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WSBOOK_PROGRESS": "0"}
+    command = [sys.executable, "-m", "wsbook", "--scale", config.scale(), "--cache-dir", str(cache.cache_dir())]
+    children = [subprocess.Popen([*command, *share], env=env) for share in shares]
+    codes = [child.wait() for child in children]
+    return next((c for c in codes if c), 0)
 
 
 def print_timings(scale: str, file=None) -> float:
@@ -536,9 +560,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.list:
             list_artifacts(registry)
             return 0
+        if args.jobs < 1:
+            raise CLIError(f"--jobs must be at least 1; got {args.jobs}")
         skipped: dict[str, str] = {}
         names = select(args.artifacts, registry, skipped)
         check_cache_dir()
+        if args.jobs > 1:
+            if distributed.launched() or config.device().type != "cpu":
+                raise CLIError("--jobs is for a CPU: on GPUs launch the processes with torchrun instead")
+            for name, reason in skipped.items():
+                print(f"python -m wsbook: note: skipping {name} ({reason})", file=sys.stderr)
+            return compute_in_processes(names, registry, args.jobs)
         distributed.init()
         if distributed.is_main():
             for name, reason in skipped.items():
@@ -558,4 +590,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = ["Artifact", "CLIError", "artifacts", "groups", "select", "is_cached", "list_artifacts", "compute",
-           "as_chapters", "print_timings", "main"]
+           "as_chapters", "compute_in_processes", "print_timings", "main"]
