@@ -13,7 +13,7 @@ chapters use, so the chapters find the entries and only load them. Under ``torch
 the work (:mod:`wsbook.distributed`): population members and HMC chains are split over the ranks and
 gathered, flows train with DistributedDataParallel, and rank 0 writes the cache and prints the summary.
 On a CPU, where most artifacts are small networks that one core computes about as fast as several,
-``--jobs N`` instead computes N artifacts at a time in child processes of one torch thread each; an entry
+``--jobs N`` instead computes N artifacts at a time in worker processes of one torch thread each; an entry
 that two of them need is computed by one while the other waits for its lock (:mod:`wsbook.cache`).
 Errors (an unknown artifact or scale, a cache directory that cannot be written, an optional artifact whose
 data is not on disk) are one line on stderr and a non-zero exit code. The optional artifacts (``zoo/mnist``:
@@ -441,23 +441,31 @@ def compute(names: list[str], registry: dict[str, Artifact], out=None) -> list[d
             rows.append({"artifact": name, "status": "cached", "seconds": 0.0, "files": [], "bytes": 0})
             continue
         config.seed_everything(0)        # the same global random state, whatever ran before (and on every rank)
-        start = time.perf_counter()
+        logged, start = len(cache.compute_log()), time.perf_counter()
         registry[name].compute()
         distributed.barrier()
         after = _entries(root)
-        new = sorted(p for p in after if before.get(p) != after[p])
+        # not the entries another process (a --jobs worker) computed meanwhile
+        theirs = {r["entry"] for r in cache.compute_log()[logged:] if r.get("pid") != os.getpid()}
+        new = sorted(p for p in after if before.get(p) != after[p] and p.name not in theirs)
         rows.append({"artifact": name, "status": "computed", "seconds": time.perf_counter() - start,
                      "files": [str(p.relative_to(root)) for p in new], "bytes": sum(after[p] for p in new)})
     if main:
-        print(f"scale {config.scale()}, {distributed.world_size()} process(es), cache {root}", file=out)
-        for r in rows:
-            print(f"  {r['artifact']:<42} {r['status']:<9} {r['seconds']:9.1f} s  {len(r['files'])} file(s), "
-                  f"{r['bytes'] / 2**20:.1f} MiB", file=out)
-            for f in r["files"]:
-                print(f"      {f}", file=out)
-        done = sum(r["status"] == "computed" for r in rows)
-        print(f"{done} computed, {len(rows) - done} already cached", file=out)
+        print_summary(rows, f"{distributed.world_size()} process(es)", out)
     return rows
+
+
+def print_summary(rows: list[dict], processes: str, out=None) -> None:
+    """Print :func:`compute`'s summary rows: per artifact its status, seconds, files and size."""
+    out = out or sys.stdout
+    print(f"scale {config.scale()}, {processes}, cache {cache.cache_dir()}", file=out)
+    for r in rows:
+        print(f"  {r['artifact']:<42} {r['status']:<9} {r['seconds']:9.1f} s  {len(r['files'])} file(s), "
+              f"{r['bytes'] / 2**20:.1f} MiB", file=out)
+        for f in r["files"]:
+            print(f"      {f}", file=out)
+    done = sum(r["status"] == "computed" for r in rows)
+    print(f"{done} computed, {len(rows) - done} already cached", file=out, flush=True)
 
 
 @contextmanager
@@ -498,22 +506,47 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def compute_in_processes(names: list[str], registry: dict[str, Artifact], jobs: int) -> int:
-    """Compute the artifacts ``names`` that are not cached yet in ``jobs`` child processes of this command line
-    (one torch thread each), dealt out in turn in the registry's order so that the early artifacts, which
-    the later ones read, start first; each child prints its own summary. Returns 0, or the first child's
-    non-zero exit code once all have finished."""
-    import subprocess
+#: the registry of a :func:`compute_in_processes` worker process, built once per process
+_WORKER_REGISTRY: dict[str, Artifact] = {}
 
+
+def _start_worker(scale: str, root: str) -> None:
+    """A :func:`compute_in_processes` worker: the parent's scale and cache, one torch thread, no progress bars."""
+    import torch
+
+    os.environ.update(WSBOOK_SCALE=scale, WSBOOK_CACHE_DIR=root, WSBOOK_PROGRESS="0")
+    torch.set_num_threads(1)
+    _WORKER_REGISTRY.update(artifacts())
+
+
+def _compute_in_worker(name: str) -> dict:
+    with as_chapters(), open(os.devnull, "w") as quiet:      # the parent prints the summary
+        return compute([name], _WORKER_REGISTRY, out=quiet)[0]
+
+
+def compute_in_processes(names: list[str], registry: dict[str, Artifact], jobs: int, out=None) -> list[dict]:
+    """Compute the artifacts ``names`` that are not cached yet in ``jobs`` worker processes of one torch thread
+    each: every worker takes the next artifact in the registry's order as soon as it is free (the early
+    artifacts, which later ones read, start first), and an entry two of them need is computed by one while
+    the other waits for its lock (:mod:`wsbook.cache`). Prints and returns one summary row per artifact, as
+    :func:`compute`."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    out = out or sys.stdout
     pending = [n for n in names if not is_cached(registry[n])]
-    shares = [pending[i::jobs] for i in range(jobs) if pending[i::jobs]]
-    print(f"python -m wsbook: {len(pending)} of {len(names)} artifact(s) to compute, in {len(shares)} "
-          f"process(es) of one thread", flush=True)
-    env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WSBOOK_PROGRESS": "0"}
-    command = [sys.executable, "-m", "wsbook", "--scale", config.scale(), "--cache-dir", str(cache.cache_dir())]
-    children = [subprocess.Popen([*command, *share], env=env) for share in shares]
-    codes = [child.wait() for child in children]
-    return next((c for c in codes if c), 0)
+    rows = {n: {"artifact": n, "status": "cached", "seconds": 0.0, "files": [], "bytes": 0}
+            for n in names if n not in pending}
+    print(f"python -m wsbook: {len(pending)} of {len(names)} artifact(s) to compute, {jobs} at a time",
+          file=out, flush=True)
+    if pending:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
+                                 initargs=(config.scale(), str(cache.cache_dir()))) as pool:
+            for name, row in zip(pending, pool.map(_compute_in_worker, pending)):
+                rows[name] = row
+    ordered = [rows[n] for n in names]
+    print_summary(ordered, f"{jobs} worker process(es) of one thread", out)
+    return ordered
 
 
 def print_timings(scale: str, file=None) -> float:
@@ -570,7 +603,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise CLIError("--jobs is for a CPU: on GPUs launch the processes with torchrun instead")
             for name, reason in skipped.items():
                 print(f"python -m wsbook: note: skipping {name} ({reason})", file=sys.stderr)
-            return compute_in_processes(names, registry, args.jobs)
+            compute_in_processes(names, registry, args.jobs)
+            return 0
         distributed.init()
         if distributed.is_main():
             for name, reason in skipped.items():
@@ -590,4 +624,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = ["Artifact", "CLIError", "artifacts", "groups", "select", "is_cached", "list_artifacts", "compute",
-           "as_chapters", "compute_in_processes", "print_timings", "main"]
+           "as_chapters", "compute_in_processes", "print_summary", "print_timings", "main"]
