@@ -531,7 +531,8 @@ def compute_in_processes(names: list[str], registry: dict[str, Artifact], jobs: 
     the other waits for its lock (:mod:`wsbook.cache`). Prints and returns one summary row per artifact, as
     :func:`compute`."""
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from tqdm.auto import tqdm
 
     out = out or sys.stdout
     pending = [n for n in names if not is_cached(registry[n])]
@@ -542,8 +543,16 @@ def compute_in_processes(names: list[str], registry: dict[str, Artifact], jobs: 
     if pending:
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
                                  initargs=(config.scale(), str(cache.cache_dir()))) as pool:
-            for name, row in zip(pending, pool.map(_compute_in_worker, pending)):
-                rows[name] = row
+            futures = {pool.submit(_compute_in_worker, name): name for name in pending}   # in the registry's order
+            bar = tqdm(as_completed(futures), total=len(futures), desc=f"wsbook ({config.scale()}, {jobs} jobs)",
+                       disable=not config.progress_enabled(), leave=False)
+            try:
+                for done in bar:
+                    rows[futures[done]] = done.result()
+                    bar.set_postfix_str(futures[done])
+            except BaseException:           # a failed artifact (or Ctrl-C): start nothing more
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
     ordered = [rows[n] for n in names]
     print_summary(ordered, f"{jobs} worker process(es) of one thread", out)
     return ordered
