@@ -130,7 +130,7 @@ def gate_chapters(extra: list[str], notebooks: bool = True) -> int:
         if groups:
             start = time.perf_counter()
             code = run([str(BIN / "python"), "-m", "wsbook", *groups, "--scale", env["WSBOOK_SCALE"],
-                        "--jobs", str(workers())], env=env)
+                        "--jobs", str(max(1, workers()))], env=env)      # 0 workers: one process
             print(f"python -m wsbook {' '.join(groups)}: {time.perf_counter() - start:.1f} s", flush=True)
             if code:
                 return code

@@ -423,6 +423,11 @@ def list_artifacts(registry: dict[str, Artifact], out=None) -> None:
     print("groups: " + ", ".join(groups()) + "; shell patterns such as 'flow/mnist/*' work too", file=out)
 
 
+def _cached_row(name: str) -> dict:
+    """The summary row of an artifact that was already cached."""
+    return {"artifact": name, "status": "cached", "seconds": 0.0, "files": [], "bytes": 0}
+
+
 def compute(names: list[str], registry: dict[str, Artifact], out=None) -> list[dict]:
     """Compute the artifacts ``names`` that are not cached yet (all ranks together); returns one summary
     row per artifact (printed by rank 0)."""
@@ -438,7 +443,7 @@ def compute(names: list[str], registry: dict[str, Artifact], out=None) -> list[d
         bar.set_postfix_str(name)
         before = _entries(root)
         if distributed.all_agree(is_cached(registry[name])):
-            rows.append({"artifact": name, "status": "cached", "seconds": 0.0, "files": [], "bytes": 0})
+            rows.append(_cached_row(name))
             continue
         config.seed_everything(0)        # the same global random state, whatever ran before (and on every rank)
         logged, start = len(cache.compute_log()), time.perf_counter()
@@ -536,8 +541,7 @@ def compute_in_processes(names: list[str], registry: dict[str, Artifact], jobs: 
 
     out = out or sys.stdout
     pending = [n for n in names if not is_cached(registry[n])]
-    rows = {n: {"artifact": n, "status": "cached", "seconds": 0.0, "files": [], "bytes": 0}
-            for n in names if n not in pending}
+    rows = {n: _cached_row(n) for n in names if n not in pending}
     print(f"python -m wsbook: {len(pending)} of {len(names)} artifact(s) to compute, {jobs} at a time",
           file=out, flush=True)
     if pending:
