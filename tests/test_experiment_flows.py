@@ -163,6 +163,26 @@ def test_a_source_centred_on_the_training_networks():
     assert torch.allclose(trained.flow.chart.loc[0], flow.chart.loc[0])
 
 
+def test_the_channel_field_sizes_of_a_flow_config_reach_the_field():
+    from wsbook import cache
+    from wsbook.weightflow import ChannelField
+
+    # configs at the defaults (every CNN flow before the two sizes existed) key their entries as before
+    key = cache._canonical(flows.flow_config("euclidean", field="channel"))["FlowConfig"]
+    assert "edge_dim" not in key and "attention_layers" not in key
+    cfg = flows.flow_config("euclidean", field="channel", hidden=16, n_layers=2, edge_dim=8, attention_layers=1)
+    assert cache._canonical(cfg)["FlowConfig"]["attention_layers"] == 1
+    field = flows.build_field(flows.targets.ZOOS["cnn_digits"].spec, cfg)
+    assert isinstance(field, ChannelField)
+    assert field.kwargs | {"anchored": True} == dict(hidden=16, edge_dim=8, rounds=2, attention_layers=1, heads=4,
+                                                     anchored=True)
+    assert len(field.mix[0]) == 1 and field.edge_enc[0][-1].out_features == 8
+    # the CNN page's flow from the mean network has the larger field, the others the config's
+    cands = flows.cnn_candidates()
+    assert cands["channel_euclidean_aligned_ot_from_mean"].attention_layers >= 1
+    assert all(c.attention_layers == 0 for k, c in cands.items() if k != "channel_euclidean_aligned_ot_from_mean")
+
+
 def test_cnn_candidates_and_the_width_transfer_choice():
     cands = flows.cnn_candidates()
     centred = [k for k, c in cands.items() if c.source == "mean"]

@@ -82,7 +82,9 @@ class FlowConfig:
             ``"sphere"`` (the thesis's ``sqrt(C)`` last layer, which rescales the logits).
         loss_weighting: ``"chart"`` or ``"layer"`` (see :class:`~wsbook.weightflow.WeightFlow`).
         dim, n_layers, heads: GNN size; hidden, depth: flat MLP size. The neuron field reads ``hidden`` (its
-            node width) and ``n_layers`` (message-passing rounds; attention layers for one hidden layer).
+            node width) and ``n_layers`` (message-passing rounds; attention layers for one hidden layer); the
+            channel field ``hidden``, ``n_layers`` (rounds), ``edge_dim`` (kernel features) and
+            ``attention_layers`` (self-attention among each convolution's channels).
         steps, batch_size, lr, ema_decay: training.
     """
 
@@ -109,6 +111,9 @@ class FlowConfig:
     batch_size: int = 32
     lr: float = 3e-3
     ema_decay: float = 0.99
+    # the channel field's; left out of the cache key at their defaults, as ``source``
+    edge_dim: int = dataclasses.field(default=16, metadata={KEYLESS_DEFAULT: True})
+    attention_layers: int = dataclasses.field(default=0, metadata={KEYLESS_DEFAULT: True})
 
     def __post_init__(self) -> None:
         if self.chart not in CHARTS:
@@ -235,18 +240,28 @@ CNN_MEAN_SOURCE_SIGMA = 0.3
 def cnn_candidates() -> dict[str, FlowConfig]:
     """Every flow the CNN page trains on the ``"cnn_digits"`` zoo, by its table label: the channel field
     (:class:`~wsbook.weightflow.ChannelField`, anchored) on the Euclidean and the Geometric chart, aligned + OT;
-    the channel field and a flat field on the Euclidean chart from a source centred on the mean aligned
-    training network (scale :data:`CNN_MEAN_SOURCE_SIGMA`) that predict each path's endpoint; and the
+    the channel field (the larger one of :func:`attention_channel_sizes`) and a flat field on the Euclidean
+    chart from a source centred on the mean aligned training network (scale :data:`CNN_MEAN_SOURCE_SIGMA`)
+    that predict each path's endpoint; and the
     ``"plain baseline"``, a flat field on the aligned weight vector (the DeepWeightFlow recipe without its
     PCA and normalisation recalibration)."""
     cfgs = {c.name: c for c in (flow_config(chart, "aligned_ot", field="channel") for chart in ("euclidean",
                                                                                                 "geometric"))}
     centred = dict(source="mean", sigma=CNN_MEAN_SOURCE_SIGMA, parametrization="endpoint")
-    for field in ("channel", "flat"):
-        cfg = flow_config("euclidean", "aligned_ot", field=field, **centred)
+    for field, sizes in (("channel", attention_channel_sizes()), ("flat", {})):
+        cfg = flow_config("euclidean", "aligned_ot", field=field, **centred, **sizes)
         cfgs[cfg.name] = cfg
     cfgs["plain baseline"] = baseline_config()
     return cfgs
+
+
+def attention_channel_sizes() -> dict:
+    """The larger channel field of the CNN flow from the mean network: two rounds of message passing, wider
+    kernel features and two self-attention layers among each convolution's channels, so that the channels
+    can settle together which training network they move towards (the config's smaller field stays near
+    chance there; measurements: docs/tuning-log.md)."""
+    s = config.by_scale
+    return dict(hidden=s(32, 128, 128), n_layers=2, edge_dim=s(16, 64, 64), attention_layers=s(1, 2, 2))
 
 
 def cnn_sizes() -> tuple[int, int]:
@@ -426,7 +441,8 @@ def build_field(spec, cfg: FlowConfig):
         return gnn_field(spec, dim=cfg.dim, n_layers=cfg.n_layers, heads=cfg.heads, anchored=cfg.anchored,
                          global_context=cfg.global_context)
     if cfg.field == "channel":
-        return ChannelField(spec, hidden=cfg.hidden, rounds=cfg.n_layers, anchored=cfg.anchored)
+        return ChannelField(spec, hidden=cfg.hidden, edge_dim=cfg.edge_dim, rounds=cfg.n_layers,
+                            attention_layers=cfg.attention_layers, anchored=cfg.anchored)
     if cfg.field == "neuron":       # n_layers: attention layers of one hidden layer's set, or message-passing rounds
         layers = {"attention_layers" if len(spec.widths) == 3 else "rounds": cfg.n_layers}
         return NeuronField(spec, hidden=cfg.hidden, anchored=cfg.anchored, **layers)
