@@ -242,9 +242,8 @@ def cnn_candidates() -> dict[str, FlowConfig]:
     (:class:`~wsbook.weightflow.ChannelField`, anchored) on the Euclidean and the Geometric chart, aligned + OT;
     the channel field (the larger one of :func:`attention_channel_sizes`) and a flat field on the Euclidean
     chart from a source centred on the mean aligned training network (scale :data:`CNN_MEAN_SOURCE_SIGMA`)
-    that predict each path's endpoint; and the
-    ``"plain baseline"``, a flat field on the aligned weight vector (the DeepWeightFlow recipe without its
-    PCA and normalisation recalibration)."""
+    that predict each path's endpoint; and the ``"plain baseline"``, a flat field on the aligned weight vector
+    (the DeepWeightFlow recipe without its PCA and normalisation recalibration)."""
     cfgs = {c.name: c for c in (flow_config(chart, "aligned_ot", field="channel") for chart in ("euclidean",
                                                                                                 "geometric"))}
     centred = dict(source="mean", sigma=CNN_MEAN_SOURCE_SIGMA, parametrization="endpoint")
