@@ -3,6 +3,7 @@ training and sampling, and the scores (the memorisation check must see replayed 
 import pytest
 import torch
 
+from wsbook import config
 from wsbook.experiments import flows, protocol
 from wsbook.nets import MLPSpec
 from wsbook.weightflow import NeuronField
@@ -181,6 +182,12 @@ def test_the_channel_field_sizes_of_a_flow_config_reach_the_field():
     cands = flows.cnn_candidates()
     assert cands["channel_euclidean_aligned_ot_from_mean"].attention_layers >= 1
     assert all(c.attention_layers == 0 for k, c in cands.items() if k != "channel_euclidean_aligned_ot_from_mean")
+    # and, as chapter 8d says, it trains for longer than every other CNN flow at every scale
+    for name in ("ci", "default", "full"):
+        with config.at_scale(name):
+            steps = {k: c.steps for k, c in flows.cnn_candidates().items()}
+        longer = steps.pop("channel_euclidean_aligned_ot_from_mean")
+        assert longer > max(steps.values()), (name, longer, steps)
 
 
 def test_cnn_candidates_and_the_width_transfer_choice():
