@@ -188,6 +188,10 @@ def test_the_channel_field_sizes_of_a_flow_config_reach_the_field():
             steps = {k: c.steps for k, c in flows.cnn_candidates().items()}
         longer = steps.pop("channel_euclidean_aligned_ot_from_mean")
         assert longer > max(steps.values()), (name, longer, steps)
+    # its training times, and the plain baseline's, from Beta(1, 2); the other flows' uniform (chapter 8d)
+    assert {k for k, c in cands.items() if c.time_distribution == "beta(1,2)"} == {
+        "channel_euclidean_aligned_ot_from_mean", "plain baseline"}
+    assert flows.baseline_config().time_distribution == "uniform"     # the MLP pages' baseline is unchanged
 
 
 def test_cnn_candidates_and_the_width_transfer_choice():

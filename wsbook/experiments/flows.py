@@ -175,7 +175,7 @@ def flow_config(chart: str, variant: str = "aligned_ot", field: str = "gnn", **o
                      lr=3e-3, anchored=aligned, align_pairs=not aligned)
     elif field == "channel":
         # anchored on aligned charts, as the neuron field; as many steps as the flat baseline below (of the CNN
-        # page's flows only the larger field of attention_channel_sizes trains longer; docs/tuning-log.md)
+        # page's flows only the larger field of attention_channel_settings trains longer; docs/tuning-log.md)
         sizes = dict(hidden=s(32, 64, 128), n_layers=1, steps=s(300, 3000, 50_000), batch_size=s(16, 64, 64),
                      lr=3e-3, anchored=aligned, align_pairs=not aligned)
     elif field == "neuron":
@@ -240,30 +240,36 @@ CNN_MEAN_SOURCE_SIGMA = 0.3
 def cnn_candidates() -> dict[str, FlowConfig]:
     """Every flow the CNN page trains on the ``"cnn_digits"`` zoo, by its table label: the channel field
     (:class:`~wsbook.weightflow.ChannelField`, anchored) on the Euclidean and the Geometric chart, aligned + OT;
-    the channel field (the larger one of :func:`attention_channel_sizes`) and a flat field on the Euclidean
+    the channel field (the larger one of :func:`attention_channel_settings`) and a flat field on the Euclidean
     chart from a source centred on the mean aligned training network (scale :data:`CNN_MEAN_SOURCE_SIGMA`)
     that predict each path's endpoint; and the ``"plain baseline"``, a flat field on the aligned weight vector
-    (the DeepWeightFlow recipe without its PCA and normalisation recalibration)."""
+    (the DeepWeightFlow recipe without its PCA and normalisation recalibration).
+
+    Each flow's training times are drawn as chosen for it on the validation runs: from Beta(1, 2) (more of
+    them near the source) for the larger channel field and the plain baseline, uniformly for the others
+    (measurements: docs/tuning-log.md)."""
     cfgs = {c.name: c for c in (flow_config(chart, "aligned_ot", field="channel") for chart in ("euclidean",
                                                                                                 "geometric"))}
     centred = dict(source="mean", sigma=CNN_MEAN_SOURCE_SIGMA, parametrization="endpoint")
-    for field, sizes in (("channel", attention_channel_sizes()), ("flat", {})):
-        cfg = flow_config("euclidean", "aligned_ot", field=field, **centred, **sizes)
+    for field, settings in (("channel", attention_channel_settings()), ("flat", {})):
+        cfg = flow_config("euclidean", "aligned_ot", field=field, **centred, **settings)
         cfgs[cfg.name] = cfg
-    cfgs["plain baseline"] = baseline_config()
+    cfgs["plain baseline"] = baseline_config(time_distribution="beta(1,2)")
     return cfgs
 
 
-def attention_channel_sizes() -> dict:
-    """The larger channel field of the CNN flow from the mean network and its training length: two rounds of
+def attention_channel_settings() -> dict:
+    """The larger channel field of the CNN flow from the mean network and how it trains: two rounds of
     message passing, wider kernel features and two self-attention layers among each convolution's channels,
     so that the channels can settle together which training network they move towards (the config's smaller
-    field stays near chance there), trained for longer than the other CNN flows at every scale (10000 steps
+    field stays near chance there); trained for longer than the other CNN flows at every scale (10000 steps
     at ``default`` against 3000: on the validation runs its MMD^2 kept falling with more steps, while the
-    plain baseline's and the smaller channel field's did not; measurements: docs/tuning-log.md)."""
+    plain baseline's and the smaller channel field's did not), with training times from Beta(1, 2), which
+    teach the field early which training network each path is heading for (measurements:
+    docs/tuning-log.md)."""
     s = config.by_scale
     return dict(hidden=s(32, 128, 128), n_layers=2, edge_dim=s(16, 64, 64), attention_layers=s(1, 2, 2),
-                steps=s(600, 10_000, 100_000))
+                steps=s(600, 10_000, 100_000), time_distribution="beta(1,2)")
 
 
 def cnn_sizes() -> tuple[int, int]:
