@@ -178,8 +178,11 @@ def test_the_channel_field_sizes_of_a_flow_config_reach_the_field():
     assert field.kwargs | {"anchored": True} == dict(hidden=16, edge_dim=8, rounds=2, attention_layers=1, heads=4,
                                                      anchored=True)
     assert len(field.mix[0]) == 1 and field.edge_enc[0][-1].out_features == 8
-    # the CNN page's flow from the mean network has the larger field, the others the config's
+
+
+def test_cnn_candidates_and_the_width_transfer_choice():
     cands = flows.cnn_candidates()
+    # the CNN page's flow from the mean network has the larger field, the others the config's
     assert cands["channel_euclidean_aligned_ot_from_mean"].attention_layers >= 1
     assert all(c.attention_layers == 0 for k, c in cands.items() if k != "channel_euclidean_aligned_ot_from_mean")
     # and, as chapter 8d says, it trains for longer than every other CNN flow at every scale
@@ -193,9 +196,6 @@ def test_the_channel_field_sizes_of_a_flow_config_reach_the_field():
         "channel_euclidean_aligned_ot_from_mean", "plain baseline"}
     assert flows.baseline_config().time_distribution == "uniform"     # the MLP pages' baseline is unchanged
 
-
-def test_cnn_candidates_and_the_width_transfer_choice():
-    cands = flows.cnn_candidates()
     centred = [k for k, c in cands.items() if c.source == "mean"]
     assert sorted(cands[k].field for k in centred) == ["channel", "flat"]
     assert all(cands[k].parametrization == "endpoint" and cands[k].sigma == flows.CNN_MEAN_SOURCE_SIGMA

@@ -261,12 +261,9 @@ def cnn_candidates() -> dict[str, FlowConfig]:
 def attention_channel_settings() -> dict:
     """The larger channel field of the CNN flow from the mean network and how it trains: two rounds of
     message passing, wider kernel features and two self-attention layers among each convolution's channels,
-    so that the channels can settle together which training network they move towards (the config's smaller
-    field stays near chance there); trained for longer than the other CNN flows at every scale (10000 steps
-    at ``default`` against 3000: on the validation runs its MMD^2 kept falling with more steps, while the
-    plain baseline's and the smaller channel field's did not), with training times from Beta(1, 2), which
-    teach the field early which training network each path is heading for (measurements:
-    docs/tuning-log.md)."""
+    so that the channels can settle together which training network they move towards; more steps than the
+    other CNN flows at every scale, and training times from Beta(1, 2) (both chosen on the validation runs;
+    measurements: docs/tuning-log.md)."""
     s = config.by_scale
     return dict(hidden=s(32, 128, 128), n_layers=2, edge_dim=s(16, 64, 64), attention_layers=s(1, 2, 2),
                 steps=s(600, 10_000, 100_000), time_distribution="beta(1,2)")
