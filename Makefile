@@ -23,7 +23,10 @@ $(STAMP): pyproject.toml book/jupyterlab-overrides.json
 	@cp book/jupyterlab-overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	@touch $(STAMP)
 
+# first every artifact of the results chapters, one worker process per core (one on a GPU), with a progress
+# bar; then the build, whose chapters load them
 book: install
+	$(PY) -m wsbook all --jobs auto
 	WSBOOK_PROGRESS=0 $(PY) -m wsbook.book . -W --keep-going
 	@echo "open _build/html/index.html"
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from wsbook import cache, cli
+from wsbook.experiments import protocol
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,8 +53,11 @@ def test_module_entry_point_exits_nonzero(env):
 
 def test_jobs_compute_artifacts_side_by_side_in_processes(env, capsys):
     """--jobs 2 hands the missing artifacts to two worker processes that fill one cache; run again, it finds
-    nothing to compute; a job count below 1 is a one-line error."""
-    assert "--jobs must be at least 1" in _one_line_error(capsys, ["zoo/breast_cancer", "--jobs", "0"], 2)
+    nothing to compute; a job count below 1 is a one-line error; ``auto`` is one job per core on a CPU."""
+    assert "--jobs: must be at least 1" in _one_line_error(capsys, ["zoo/breast_cancer", "--jobs", "0"], 2)
+    assert "positive integer or 'auto'" in _one_line_error(capsys, ["zoo/breast_cancer", "--jobs", "many"], 2)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert cli.parser().parse_args(["all", "--jobs", "auto"]).jobs == cli.auto_jobs() == min(cores, cli.AUTO_JOBS_MAX)
     command = ["zoo/breast_cancer", "posterior/breast_cancer/vi", "--scale", "ci", "--jobs", "2"]
     assert cli.main(command) == 0
     out = capsys.readouterr().out
@@ -143,5 +147,12 @@ def test_chapter_groups_name_the_results_chapters_flows(env):
     assert {"verdict/mnist5k", "flow/mnist/guidance", "flow/mnist/width_transfer", "flow/mnist/second_task",
             "flow/mnist/field_size", "flow/mnist/plain_baseline"} <= chosen["chapter/08b"]
     assert {n for n in registry if n.startswith("flow/posterior/")} <= chosen["chapter/08c"]
+    # every training seed of a verdict table is an artifact of its own, in the table's group, ahead of it
+    names = list(registry)
+    for zoo, group in (("breast_cancer", "chapter/08"), ("mnist5k", "chapter/08b"), ("cnn_digits", "chapter/08d"),
+                       ("posterior", "chapter/08c")):
+        seeds = [f"verdict/{zoo}/seed/{s}" for s in protocol.SEEDS]
+        assert set(seeds) <= chosen[group]
+        assert max(map(names.index, seeds)) < names.index(f"verdict/{zoo}")
     assert chosen["chapter/09"] <= set.union(*(chosen[g] for g in ("chapter/08", "chapter/08b", "chapter/08c",
                                                                    "chapter/08d")))

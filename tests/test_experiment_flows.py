@@ -137,6 +137,25 @@ def test_test_report_reads_the_sealed_runs_with_seeds_and_verdicts():
         split.test.open()
 
 
+def test_a_verdict_table_after_its_seeds_trains_nothing():
+    """The command line computes each training seed of a table on its own (``verdict_seed``, so that ``--jobs``
+    runs them side by side); the table afterwards only scores, and chooses what the seeds chose."""
+    from wsbook import cache
+
+    cands = {"plain baseline": flows.baseline_config(steps=30, hidden=32, batch_size=16),
+             "wide": flows.baseline_config(steps=30, hidden=64, batch_size=16)}
+    chosen, validation = flows.verdict_choice("breast_cancer", cands, 12, 2)
+    assert chosen == "wide" and set(validation) == set(cands)       # the baseline is scored, never chosen
+    for seed in (1, 2):
+        drawn = flows.verdict_seed("breast_cancer", cands, 12, 2, seed)
+        assert set(drawn) == {"wide", "plain baseline"} and drawn["wide"].shape[0] == 12
+    trained = [r for r in cache.compute_log() if r["name"] == "flows/trained"]
+    table = flows.verdict_table("breast_cancer", cands, 12, 2, seeds=(1, 2))
+    assert [r for r in cache.compute_log() if r["name"] == "flows/trained"] == trained
+    assert table.attrs["selected"] == chosen and table.loc["wide", "seeds"] == 2
+    assert torch.equal(flows.verdict_seed("breast_cancer", cands, 12, 2, 2)["wide"], drawn["wide"])
+
+
 def test_a_source_centred_on_the_training_networks():
     from wsbook import cache
 

@@ -352,7 +352,7 @@ def test_sample_flow_without_a_generator_draws_from_the_books_seed(monkeypatch):
     assert not torch.equal(draw(1), draw(0))
 
 
-def test_posterior_verdict_chooses_on_validation_and_reads_the_test_run_only_in_the_report(monkeypatch):
+def test_posterior_verdict_chooses_on_validation_and_reads_the_test_run_only_in_the_report(monkeypatch, tmp_path):
     """The protocol on fake runs, flows and VI ("networks" are their own test outputs): the choice reads the
     validation run only (the test run raises anywhere but inside protocol.final_report), the chosen flow
     is the candidate nearest the validation run, every row of the verdict has one value per fresh seed, a
@@ -416,7 +416,9 @@ def test_posterior_verdict_chooses_on_validation_and_reads_the_test_run_only_in_
     assert table.loc[pf.FLOW_SOURCE_ROW, "MMD² vs VI"] == "missed" and table.attrs["goal"] == "met"
     assert table.loc[pf.VI_ROW, "TV vs VI"] == "—"
 
-    # a guided candidate chosen: its control (prior draws under the same guidance) is a row with verdicts
+    # a guided candidate chosen: its control (prior draws under the same guidance) is a row with verdicts (the
+    # fake candidates are not in the cache keys, which name the recipes: a cache of their own)
+    monkeypatch.setenv("WSBOOK_CACHE_DIR", str(tmp_path / "guided"))
     monkeypatch.setattr(pf, "candidates", lambda task="breast_cancer": {
         "guided": lambda s: sampler(0.05, guide="a guide"), "far": lambda s: sampler(1.5)})
     table = pf.verdict_table(n=64, seeds=(5, 6, 7))

@@ -7,6 +7,7 @@
     python -m wsbook 'flow/mnist/*' --scale default
     torchrun --nproc-per-node 4 -m wsbook chapter/08 --scale full     # the same work over 4 processes
     python -m wsbook all --scale ci --jobs 2         # on a CPU: two artifacts at a time, one thread each
+    python -m wsbook all --jobs auto                 # one per core on a CPU (what `make book` runs first)
 
 Every artifact is a call of the cached functions of :mod:`wsbook.experiments` with the arguments the
 chapters use, so the chapters find the entries and only load them. Under ``torchrun`` the processes share
@@ -14,7 +15,9 @@ the work (:mod:`wsbook.distributed`): population members and HMC chains are spli
 gathered, flows train with DistributedDataParallel, and rank 0 writes the cache and prints the summary.
 On a CPU, where most artifacts are small networks that one core computes about as fast as several,
 ``--jobs N`` instead computes N artifacts at a time in worker processes of one torch thread each; an entry
-that two of them need is computed by one while the other waits for its lock (:mod:`wsbook.cache`).
+that two of them need is computed by one while the other waits for its lock (:mod:`wsbook.cache`). Each
+training seed of a verdict table is an artifact of its own (``verdict/<table>/seed/<seed>``, ahead of the
+table), so that the workers train the seeds side by side and the table itself only scores.
 Errors (an unknown artifact or scale, a cache directory that cannot be written, an optional artifact whose
 data is not on disk) are one line on stderr and a non-zero exit code. The optional artifacts (``zoo/mnist``:
 the full MNIST from ``WSBOOK_MNIST_DIR``; nothing is downloaded) are listed always, computed when named,
@@ -278,6 +281,21 @@ def artifacts() -> dict[str, Artifact]:
                         "narrower source scales, trained and drawn (chapter 8)", bc_source_scale))
     out.append(Artifact("flow/breast_cancer/steps_curve", "samples against solver steps and guidance, and Adam "
                         "runs as long (chapter 8)", bc_steps_curve))
+    # each training seed of a verdict table on its own, ahead of the table, so that `--jobs` trains them
+    # side by side (the table then only scores)
+    for s in protocol.SEEDS:
+        out.append(Artifact(f"verdict/breast_cancer/seed/{s}", f"seed {s} of chapter 8's test verdict: the flow "
+                            "chosen on validation runs and the plain baseline, trained and sampled",
+                            lambda s=s: flows.verdict_seed("breast_cancer", flows.breast_cancer_candidates(),
+                                                           *summary.breast_cancer_sizes(), s)))
+        out.append(Artifact(f"verdict/mnist5k/seed/{s}", f"seed {s} of chapter 8b's test verdict: the MNIST flow "
+                            "chosen on validation data and the plain baseline, trained and sampled",
+                            _one_thread(lambda s=s: mf.verdict_seed(s))))
+        out.append(Artifact(f"verdict/cnn_digits/seed/{s}", f"seed {s} of chapter 8d's test verdicts: the CNN flow "
+                            "and the channel-field flow chosen on validation runs and the plain baseline, trained "
+                            "and sampled", _one_thread(lambda s=s: [
+                                flows.verdict_seed(CNN, flows.cnn_verdict_candidates(field), *flows.cnn_sizes(), s)
+                                for field in (None, "channel")])))
     out.append(Artifact("verdict/breast_cancer", "the flow chosen on validation runs and the plain baseline, "
                         f"trained with seeds {protocol.SEEDS} and sampled (chapter 8's test verdict)",
                         lambda: flows.verdict_table("breast_cancer", flows.breast_cancer_candidates(),
@@ -304,6 +322,10 @@ def artifacts() -> dict[str, Artifact]:
     out.append(Artifact("flow/mnist/training_accuracy", "the best MNIST flow and the plain baseline trained again "
                         "keeping copies of the field, each copy sampled and scored on validation data (chapter 8b)",
                         _one_thread(mnist_training_accuracy)))
+    for s in protocol.SEEDS:
+        out.append(Artifact(f"verdict/posterior/seed/{s}", f"seed {s} of the posterior test verdict: the posterior "
+                            "flow chosen on the validation HMC run, trained",
+                            _one_thread(lambda s=s: pf.verdict_seed(BC, s))))
     out.append(Artifact("verdict/posterior", "the posterior flow chosen on the validation HMC run, trained with "
                         f"seeds {protocol.SEEDS} and judged on the test run beside VI (chapters 8c, 9)",
                         _one_thread(lambda: pf.verdict_table(BC))))
@@ -336,13 +358,13 @@ def groups() -> dict[str, Callable[[], list[str]]]:
         "flows": lambda: ["flow/*"],
         # chapter 8 reads every zoo and both HMC runs of both tasks
         "chapter/08": lambda: [*zoos(), "hmc/*", "posterior/breast_cancer/*",
-                               "flow/breast_cancer/*", "verdict/breast_cancer"],
-        "chapter/08b": lambda: ["zoo/mnist5k", "zoo/mnist5k_w32", *mnist_flows(), "verdict/mnist5k",
+                               "flow/breast_cancer/*", "verdict/breast_cancer*"],
+        "chapter/08b": lambda: ["zoo/mnist5k", "zoo/mnist5k_w32", *mnist_flows(), "verdict/mnist5k*",
                                 "flow/mnist/guidance", "flow/mnist/width_transfer", "flow/mnist/second_task",
                                 "flow/mnist/field_size", "flow/mnist/training_accuracy"],
-        "chapter/08d": lambda: ["zoo/cnn_digits", "zoo/cnn_digits_w16", "flow/cnn/*", "verdict/cnn_digits"],
+        "chapter/08d": lambda: ["zoo/cnn_digits", "zoo/cnn_digits_w16", "flow/cnn/*", "verdict/cnn_digits*"],
         "chapter/08c": lambda: ["zoo/breast_cancer", "hmc/breast_cancer/*", "hmc/mnist5k/0",
-                                "posterior/breast_cancer/*", "flow/posterior/*", "verdict/posterior"],
+                                "posterior/breast_cancer/*", "flow/posterior/*", "verdict/posterior*"],
         # the discussion quotes chapters 8, 8b, 8c and 8d
         "chapter/09": lambda: [*zoos(), "hmc/breast_cancer/*", "hmc/mnist5k/0", "posterior/breast_cancer/*",
                                *map(bc_flow_artifact, flows.breast_cancer_candidates()), "verdict/breast_cancer",
@@ -504,8 +526,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", help="ci, default or full (default: WSBOOK_SCALE, else default)")
     p.add_argument("--list", action="store_true", help="list the artifacts and whether each is cached, per scale")
     p.add_argument("--cache-dir", help="the cache directory (default: WSBOOK_CACHE_DIR, else the user cache)")
-    p.add_argument("--jobs", type=int, default=1, help="on a CPU: artifacts computed at a time, each in a process "
-                   "of its own with one torch thread (default 1: one process, torch's threads)")
+    p.add_argument("--jobs", type=_jobs, default=1, help="on a CPU: artifacts computed at a time, each in a process "
+                   "of its own with one torch thread (default 1: one process, torch's threads); 'auto': the "
+                   "machine's cores on a CPU, 1 on a GPU or under torchrun")
     p.add_argument("--timings", action="store_true", help="where the cache's computing time went: seconds per "
                    "artifact name at the scale, from the cache's log of computed entries, longest first")
     return p
@@ -583,6 +606,34 @@ def print_timings(scale: str, file=None) -> float:
     return total
 
 
+def _jobs(text: str) -> int:
+    """``--jobs``: a positive integer, or ``auto`` (:func:`auto_jobs`)."""
+    if text == "auto":
+        return auto_jobs()
+    try:
+        jobs = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a positive integer or 'auto'; got {text!r}") from None
+    if jobs < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1; got {jobs}")
+    return jobs
+
+
+#: the most worker processes ``--jobs auto`` starts (each holds torch, its data and a model: a few hundred MiB
+#: to a few GiB)
+AUTO_JOBS_MAX = 8
+
+
+def auto_jobs() -> int:
+    """The worker processes ``--jobs auto`` starts: one per core the process may run on (at most
+    :data:`AUTO_JOBS_MAX`), on a CPU; one (no workers: torch's threads, or the GPU) on a GPU or under
+    ``torchrun``."""
+    if distributed.launched() or config.device().type != "cpu":
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cores, AUTO_JOBS_MAX))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line; returns the exit code."""
     try:
@@ -606,8 +657,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.list:
             list_artifacts(registry)
             return 0
-        if args.jobs < 1:
-            raise CLIError(f"--jobs must be at least 1; got {args.jobs}")
         skipped: dict[str, str] = {}
         names = select(args.artifacts, registry, skipped)
         check_cache_dir()
@@ -637,4 +686,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = ["Artifact", "CLIError", "artifacts", "groups", "select", "is_cached", "list_artifacts", "compute",
-           "as_chapters", "compute_in_processes", "print_summary", "print_timings", "main"]
+           "as_chapters", "compute_in_processes", "auto_jobs", "print_summary", "print_timings", "main"]

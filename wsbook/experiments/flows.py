@@ -278,12 +278,18 @@ def cnn_verdict_table(field: str | None = None):
     """The CNN page's verdict (:func:`verdict_table` over :func:`cnn_candidates` at :func:`cnn_sizes`, with
     the accuracy goal :data:`ACCURACY_GAP`): the best flow of every candidate, or with ``field`` (e.g.
     ``"channel"``) the best flow of that field, chosen on validation runs, beside the plain baseline."""
+    return verdict_table("cnn_digits", cnn_verdict_candidates(field), *cnn_sizes(), accuracy_gap=ACCURACY_GAP)
+
+
+def cnn_verdict_candidates(field: str | None = None) -> dict[str, FlowConfig]:
+    """The candidates of :func:`cnn_verdict_table`: every CNN flow, or those of ``field`` and the plain
+    baseline."""
     cands = cnn_candidates()
-    if field is not None:
-        if field not in FIELDS:
-            raise ValueError(f"cnn_verdict_table: field must be one of {FIELDS}; got {field!r}")
-        cands = {k: c for k, c in cands.items() if c.field == field or k == "plain baseline"}
-    return verdict_table("cnn_digits", cands, *cnn_sizes(), accuracy_gap=ACCURACY_GAP)
+    if field is None:
+        return cands
+    if field not in FIELDS:
+        raise ValueError(f"cnn_verdict_table: field must be one of {FIELDS}; got {field!r}")
+    return {k: c for k, c in cands.items() if c.field == field or k == "plain baseline"}
 
 
 #: the trained wider CNNs chapter 8d's width transfer is read against (the recipe of ``"cnn_digits"`` with
@@ -877,18 +883,44 @@ def with_floor(table):
     return table
 
 
+def verdict_choice(zoo_name: str, candidates: dict[str, FlowConfig], n: int, steps: int,
+                   baselines: tuple[str, ...] = ("plain baseline",)) -> tuple[str, dict[str, dict]]:
+    """The choice of :func:`verdict_table`: ``(chosen label, every candidate's validation scores)``, each
+    candidate's seed-0 sample scored against the validation runs by :func:`score`, the baselines left out of
+    the choice by :func:`choose`."""
+    return _verdict_choice(zoo_name, targets.ZOOS[zoo_name], dict(candidates), int(n), int(steps), tuple(baselines))
+
+
+@cached("flows/zoo_choice", version=1)
+def _verdict_choice(zoo_name: str, zoo: targets.ZooConfig, candidates: dict[str, FlowConfig], n: int, steps: int,
+                    baselines: tuple[str, ...]) -> tuple[str, dict[str, dict]]:
+    """:func:`verdict_choice`, cached under the zoo's and the candidates' settings (every training seed of a
+    table reads it)."""
+    refs = references(zoo_split(zoo_name), n)
+    validation = {label: score(sample_flow(zoo_name, cfg, n, steps=steps)[0], refs)
+                  for label, cfg in candidates.items()}
+    return choose({k: v for k, v in validation.items() if k not in baselines}), validation
+
+
+def verdict_seed(zoo_name: str, candidates: dict[str, FlowConfig], n: int, steps: int, seed: int,
+                 baselines: tuple[str, ...] = ("plain baseline",)) -> dict[str, Tensor]:
+    """One training seed of :func:`verdict_table`: the chosen flow (:func:`verdict_choice`) and every baseline
+    trained with ``seed`` and sampled from the source points of ``seed + 1`` (both cached), ``{label: theta}``.
+    The command line computes each seed on its own (``verdict/<zoo>/seed/<seed>``), so that ``--jobs`` trains
+    the seeds side by side."""
+    chosen, _ = verdict_choice(zoo_name, candidates, n, steps, baselines)
+    return {label: sample_flow(zoo_name, candidates[label], n, steps=steps, seed=seed, sample_seed=seed + 1)[0]
+            for label in (chosen, *baselines)}
+
+
 @cached("flows/zoo_verdict", version=1)
 def _verdict_table(zoo_name: str, zoo: targets.ZooConfig, candidates: dict[str, FlowConfig], n: int, steps: int,
                    baselines: tuple[str, ...], seeds: tuple[int, ...], goals: dict):
     """:func:`verdict_table`, cached under the zoo's and the candidates' settings."""
-    split = zoo_split(zoo_name)
-    refs = references(split, n)
-    validation = {label: score(sample_flow(zoo_name, cfg, n, steps=steps)[0], refs)
-                  for label, cfg in candidates.items()}
-    chosen = choose({k: v for k, v in validation.items() if k not in baselines})
-    sets = {label: [sample_flow(zoo_name, candidates[label], n, steps=steps, seed=s, sample_seed=s + 1)[0]
-                    for s in seeds] for label in (chosen, *baselines)}
-    table = test_report(split, sets, n, **goals)
+    chosen, validation = verdict_choice(zoo_name, candidates, n, steps, baselines)
+    per_seed = [verdict_seed(zoo_name, candidates, n, steps, s, baselines) for s in seeds]
+    sets = {label: [drawn[label] for drawn in per_seed] for label in (chosen, *baselines)}
+    table = test_report(zoo_split(zoo_name), sets, n, **goals)
     protocol.versus_column(table, "MMD² vs baseline", "mmd_ratio", [chosen], baselines[0])
     table.attrs.update(selected=chosen, validation=validation)
     return floor_as_fields(table)
@@ -948,8 +980,9 @@ __all__ = ["FlowConfig", "fit_recipe", "flow_config", "extended_config", "EXTEND
            "solver_steps", "zoo_split", "build_field", "build_flow",
            "TrainedFlow", "train_flow", "sample_flow", "References", "references", "probability_scores", "score",
            "score_draws",
-           "target_rows", "CONTROLS", "control_sets", "test_report", "choose", "verdict_table",
-           "breast_cancer_candidates", "cnn_candidates", "cnn_sizes", "cnn_verdict_table", "ACCURACY_GAP", "SOURCES",
+           "target_rows", "CONTROLS", "control_sets", "test_report", "choose", "verdict_choice",
+           "verdict_seed", "verdict_table", "breast_cancer_candidates", "cnn_candidates", "cnn_sizes",
+           "cnn_verdict_table", "cnn_verdict_candidates", "ACCURACY_GAP", "SOURCES",
            "CNN_MEAN_SOURCE_SIGMA",
            "CNN_WIDE_ZOO", "TRANSFER_ROWS", "unanchored_config", "cnn_width_transfer", "transfer_rows",
            "nn_ratio_interval", "steps_curve", "adam_curve"]

@@ -325,6 +325,22 @@ def validation_accuracy(recipe: str) -> float:
                             split="val").accuracy
 
 
+def verdict_choice() -> tuple[str, dict[str, float]]:
+    """The choice of :func:`verdict_table`: ``(the recipe with the most accurate seed-0 networks on the
+    validation split, every recipe's validation accuracy)``."""
+    validation = {r: validation_accuracy(r) for r in budget().recipes}
+    return max(validation, key=validation.get), validation
+
+
+def verdict_seed(seed: int) -> dict[str, Tensor]:
+    """One training seed of :func:`verdict_table`: the chosen recipe's and the plain baseline's flows trained
+    with ``seed`` and sampled with source seed ``seed`` (both cached), ``{recipe: theta}``. The command line
+    computes each seed on its own (``verdict/mnist5k/seed/<seed>``), so that ``--jobs`` trains them side by
+    side."""
+    chosen, _ = verdict_choice()
+    return {r: sample_flow(r, seed=seed, train_seed=seed)[0] for r in (chosen, "plain baseline")}
+
+
 def verdict_table(seeds: tuple[int, ...] = protocol.SEEDS):
     """The page's verdict: the recipe whose seed-0 networks are most accurate on the validation split of the
     data is chosen, trained with fresh ``seeds`` beside the plain baseline and judged on the test runs by
@@ -343,9 +359,9 @@ def verdict_table(seeds: tuple[int, ...] = protocol.SEEDS):
 @cached("flows/mnist_verdict", version=2)   # 2: the gap verdict of test_report
 def _verdict_table(seeds: tuple[int, ...], zoo: targets.ZooConfig, recipes: dict, b: Budget):
     """:func:`verdict_table`, cached under the zoo's settings, the recipes' and the budget's."""
-    validation = {r: validation_accuracy(r) for r in b.recipes}
-    chosen = max(validation, key=validation.get)
-    sets = {r: [sample_flow(r, seed=s, train_seed=s)[0] for s in seeds] for r in (chosen, "plain baseline")}
+    chosen, validation = verdict_choice()
+    per_seed = [verdict_seed(s) for s in seeds]
+    sets = {r: [drawn[r] for drawn in per_seed] for r in (chosen, "plain baseline")}
     table = flows.test_report(split(), sets, b.n_samples, accuracy_gap=flows.ACCURACY_GAP)
     protocol.versus_column(table, "MMD² vs baseline", "mmd_ratio", [chosen], "plain baseline")
     table.attrs.update(selected=chosen, validation=validation)

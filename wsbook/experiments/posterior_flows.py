@@ -772,6 +772,26 @@ def verdict_table(task: str = "breast_cancer", n: int | None = None, seeds: tupl
                           GUIDANCE_WEIGHTS)
 
 
+def verdict_seed(task: str = "breast_cancer", seed: int = 1, n: int | None = None) -> WeightFlow:
+    """One training seed of :func:`verdict_table`: the chosen candidate's flow trained with ``seed`` (cached).
+    The command line computes each seed on its own (``verdict/posterior/seed/<seed>``), so that ``--jobs``
+    trains them side by side."""
+    from wsbook.experiments.tasks import posterior_sample_size, settings
+
+    n = posterior_sample_size() if n is None else int(n)
+    recipes = {name: _recipe(name) for name in FLOWS}
+    chosen, _ = _choice(task, n, recipes, (settings("vi"), settings("hmc")), repeat_count(), GUIDANCE_WEIGHTS)
+    return candidates(task)[chosen](seed).flow
+
+
+@cached("flows/posterior_choice", version=1)
+def _choice(task: str, n: int, recipes: dict, methods: tuple, repeats: int, guidance: tuple[float, ...]):
+    """``(chosen, validation table)``: :func:`select_flow` of :func:`validation_scores`, cached under what
+    :func:`verdict_table`'s entry is (every training seed of the verdict reads it)."""
+    validation = validation_scores(task, n, repeats)
+    return select_flow(validation), validation
+
+
 @cached("flows/posterior_verdict", version=4)   # 4: VI's mean over the verdict's fits as the yardstick, test run 3
 def _verdict_table(task: str, n: int, seeds: tuple[int, ...], recipes: dict, methods: tuple, repeats: int,
                    guidance: tuple[float, ...]):
@@ -780,8 +800,7 @@ def _verdict_table(task: str, n: int, seeds: tuple[int, ...], recipes: dict, met
     the validation repeats."""
     from wsbook.experiments.tasks import vi_posterior
 
-    validation = validation_scores(task, n, repeats)
-    chosen = select_flow(validation)
+    chosen, validation = _choice(task, n, recipes, methods, repeats, guidance)
     make, train = candidates(task)[chosen], targets.hmc_reference(task, HMC_RUNS["training"])
     rows = [HMC_ROW, chosen, FLOW_SOURCE_ROW, VI_ROW, MIXTURE_ROW]
     sets: dict[str, list[list[Tensor]]] = {row: [] for row in rows}
