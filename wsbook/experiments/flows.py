@@ -311,9 +311,9 @@ def unanchored_config(cfg: FlowConfig) -> FlowConfig:
 
 
 def cnn_width_transfer(chosen: str | None = None, *, seeds: tuple[int, ...] = protocol.SEEDS):
-    """Chapter 8d's width transfer: the channel flow chosen on validation runs (``chosen``, default the best
-    by :func:`cnn_verdict_table`'s validation scores among the flows that can change width, those with a
-    source centred at zero), trained without its anchor (:func:`unanchored_config`) on the
+    """Chapter 8d's width transfer: the channel flow chosen on validation runs (``chosen``, default the best by
+    the validation scores of ``cnn_verdict_table("channel")`` among the flows that can change width, those
+    with a source centred at zero), trained without its anchor (:func:`unanchored_config`) on the
     8-channel zoo once per seed of ``seeds``, samples 16-channel CNNs, read against the trained 16-channel
     zoo :data:`CNN_WIDE_ZOO` and against two baselines built from ``k`` (the ratio of the widths)
     independent 8-channel samples of the same flow: packed side by side into one wide network
@@ -336,8 +336,8 @@ def cnn_width_transfer(chosen: str | None = None, *, seeds: tuple[int, ...] = pr
 
     candidates = cnn_candidates()
     if chosen is None:
-        chosen = choose({k: v for k, v in cnn_verdict_table("channel").attrs["validation"].items()
-                         if _transferable(candidates[k])})
+        validation = verdict_choice("cnn_digits", cnn_verdict_candidates("channel"), *cnn_sizes())[1]
+        chosen = choose({k: v for k, v in validation.items() if _transferable(candidates[k])})
     if not _transferable(candidates[chosen]):
         raise ValueError(f"cnn_width_transfer: {chosen!r} cannot change width (a flat field reads a weight vector "
                          "of one length, and a source centred on the training networks has their width)")
