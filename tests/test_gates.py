@@ -25,3 +25,14 @@ def test_make_test_executes_the_chapters_once_in_the_strict_book_build(monkeypat
     assert gates.main(["chapters"]) == 0
     nbval = [env for cmd, env in calls if "--nbval-lax" in cmd]
     assert len(nbval) == 1 and nbval[0]["WSBOOK_CACHE_STRICT"] == gates.STRICT_PREFIXES
+
+
+def test_make_book_precomputes_the_artifacts_before_the_build():
+    """`make book` first runs the command line over every artifact, one worker per core, then the build."""
+    import subprocess
+
+    lines = subprocess.run(["make", "-n", "book"], cwd=gates.ROOT, capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    precompute = [i for i, line in enumerate(lines) if "-m wsbook all --jobs auto" in line]
+    build = [i for i, line in enumerate(lines) if "-m wsbook.book" in line]
+    assert len(precompute) == 1 and len(build) == 1 and precompute[0] < build[0], lines

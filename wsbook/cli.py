@@ -528,7 +528,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", help="the cache directory (default: WSBOOK_CACHE_DIR, else the user cache)")
     p.add_argument("--jobs", type=_jobs, default=1, help="on a CPU: artifacts computed at a time, each in a process "
                    "of its own with one torch thread (default 1: one process, torch's threads); 'auto': the "
-                   "machine's cores on a CPU, 1 on a GPU or under torchrun")
+                   "machine's cores (at most 8) on a CPU, 1 on a GPU or under torchrun")
     p.add_argument("--timings", action="store_true", help="where the cache's computing time went: seconds per "
                    "artifact name at the scale, from the cache's log of computed entries, longest first")
     return p
