@@ -57,7 +57,8 @@ def test_jobs_compute_artifacts_side_by_side_in_processes(env, capsys):
     assert "--jobs: must be at least 1" in _one_line_error(capsys, ["zoo/breast_cancer", "--jobs", "0"], 2)
     assert "positive integer or 'auto'" in _one_line_error(capsys, ["zoo/breast_cancer", "--jobs", "many"], 2)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    assert cli.parser().parse_args(["all", "--jobs", "auto"]).jobs == cli.auto_jobs() == min(cores, cli.AUTO_JOBS_MAX)
+    auto = cli.parser().parse_args(["all", "--jobs", "auto"]).jobs
+    assert auto == cli.auto_jobs() == min(cores, cli.AUTO_JOBS_MAX)
     command = ["zoo/breast_cancer", "posterior/breast_cancer/vi", "--scale", "ci", "--jobs", "2"]
     assert cli.main(command) == 0
     out = capsys.readouterr().out

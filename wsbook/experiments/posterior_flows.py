@@ -764,24 +764,27 @@ def verdict_table(task: str = "breast_cancer", n: int | None = None, seeds: tupl
     Returns the DataFrame with ``attrs``: ``selected``, ``validation`` (the table the choice read), ``n``,
     ``runs`` (:data:`HMC_RUNS`) and ``goal`` (*met* when the flow is closer than VI in both measures).
     """
-    from wsbook.experiments.tasks import posterior_sample_size, settings
-
-    n = posterior_sample_size() if n is None else int(n)
-    recipes = {name: _recipe(name) for name in FLOWS}
-    return _verdict_table(task, n, tuple(seeds), recipes, (settings("vi"), settings("hmc")), repeat_count(),
-                          GUIDANCE_WEIGHTS)
+    n, recipes, methods = _verdict_settings(n)
+    return _verdict_table(task, n, tuple(seeds), recipes, methods, repeat_count(), GUIDANCE_WEIGHTS)
 
 
 def verdict_seed(task: str = "breast_cancer", seed: int = 1, n: int | None = None) -> WeightFlow:
     """One training seed of :func:`verdict_table`: the chosen candidate's flow trained with ``seed`` (cached).
     The command line computes each seed on its own (``verdict/posterior/seed/<seed>``), so that ``--jobs``
     trains them side by side."""
+    n, recipes, methods = _verdict_settings(n)
+    chosen, _ = _choice(task, n, recipes, methods, repeat_count(), GUIDANCE_WEIGHTS)
+    return candidates(task)[chosen](seed).flow
+
+
+def _verdict_settings(n: int | None) -> tuple[int, dict, tuple]:
+    """What the verdict's entries are keyed by besides the task: the set size (default
+    :func:`~wsbook.experiments.tasks.posterior_sample_size`), every candidate flow's training settings, and
+    VI's and HMC's settings."""
     from wsbook.experiments.tasks import posterior_sample_size, settings
 
     n = posterior_sample_size() if n is None else int(n)
-    recipes = {name: _recipe(name) for name in FLOWS}
-    chosen, _ = _choice(task, n, recipes, (settings("vi"), settings("hmc")), repeat_count(), GUIDANCE_WEIGHTS)
-    return candidates(task)[chosen](seed).flow
+    return n, {name: _recipe(name) for name in FLOWS}, (settings("vi"), settings("hmc"))
 
 
 @cached("flows/posterior_choice", version=1)
