@@ -439,6 +439,40 @@ def test_packed_cnns_compute_the_mean_of_their_members_logits(spec):
         pack_cnns(spec, theta, 4)
 
 
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+def test_repeated_units_compute_the_network_once_their_readers_are_divided(spec):
+    """repeat_units widens a CNN (and an MLP) by copying hidden units: with every layer that reads hidden units
+    divided by the width ratio it computes the original network; a source centred on a network goes to other
+    widths the same way, and a flow from such a source samples at the new width."""
+    from wsbook.nets import repeat_units
+
+    theta, x = zoo(spec, 3), images(spec)
+    for k in (2, 3):
+        wide = CNNSpec(spec.in_channels, tuple(c * k for c in spec.channels), spec.kernel_size, spec.n_classes)
+        copies = repeat_units(spec, theta, wide)
+        ws, bs = wide.weights(copies), wide.biases(copies)
+        assert torch.equal(ws[0][:, spec.channels[0]:2 * spec.channels[0]], spec.weights(theta)[0])
+        averaged = wide.pack([ws[0], *(w / k for w in ws[1:])], bs)
+        torch.testing.assert_close(outputs(wide, averaged, x), outputs(spec, theta, x), atol=1e-5, rtol=1e-5)
+    mlp, wide_mlp = MLPSpec((4, 3, 5, 2)), MLPSpec((4, 6, 10, 2))
+    nets = mlp.init(2, generator=gen(3))
+    ws, bs = wide_mlp.weights(repeat_units(mlp, nets, wide_mlp)), wide_mlp.biases(repeat_units(mlp, nets, wide_mlp))
+    x_mlp = torch.randn(5, 4, generator=gen(4))
+    torch.testing.assert_close(wide_mlp.forward(wide_mlp.pack([ws[0], *(w / 2 for w in ws[1:])], bs), x_mlp),
+                               mlp.forward(nets, x_mlp), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="kind of network"):
+        repeat_units(spec, theta, mlp)
+
+    wide = CNNSpec(spec.in_channels, tuple(2 * c for c in spec.channels), spec.kernel_size, spec.n_classes)
+    chart = EuclideanChart(spec, sigma=0.01, loc=theta[0])
+    flow = WeightFlow(chart, ChannelField(spec, hidden=8, edge_dim=4))
+    moved = flow.with_spec(wide)
+    assert torch.equal(moved.chart.loc, repeat_units(spec, theta[:1], wide))
+    source = moved.chart.sample_source(256, generator=gen(5))
+    assert (source.mean(0) - moved.chart.loc[0]).abs().max() < 0.01
+    assert moved.sample(2, steps=2, generator=gen(6)).shape == (2, wide.n_params)
+
+
 def test_width_transfer_rows_at_a_tiny_size():
     """flows.transfer_rows on a tiny zoo of random 1-2-2-10 CNNs, two flows trained for 2 steps and a random
     'wide' zoo of 1-4-4-10 CNNs: every row of TRANSFER_ROWS with finite means and standard errors, and the

@@ -219,9 +219,13 @@ def test_cnn_candidates_and_the_width_transfer_choice():
     assert sorted(cands[k].field for k in centred) == ["channel", "flat"]
     assert all(cands[k].parametrization == "endpoint" and cands[k].sigma == flows.CNN_MEAN_SOURCE_SIGMA
                for k in centred)
-    # only a channel field from a source at zero can be sampled at another width
-    assert [k for k, c in cands.items() if flows._transferable(c)] == ["channel_euclidean_aligned_ot",
-                                                                         "channel_geometric_aligned_ot"]
+    # every channel field can be sampled at another width (a mean source widened with it); a flat one cannot
+    assert [k for k, c in cands.items() if flows._transferable(c)] == [
+        "channel_euclidean_aligned_ot", "channel_geometric_aligned_ot", "channel_euclidean_aligned_ot_from_mean"]
+    chosen, cfg = flows.width_transfer_config("channel_euclidean_aligned_ot_from_mean")
+    assert not cfg.anchored and cfg.align_pairs and cfg.source == "mean"
+    with pytest.raises(ValueError, match="not a CNN flow"):
+        flows.cnn_width_transfer("conv")
     with pytest.raises(ValueError, match="field must be one of"):
         flows.cnn_verdict_table("conv")
     with pytest.raises(ValueError, match="cannot change width"):

@@ -581,6 +581,40 @@ def pack_cnns(spec: CNNSpec, members: Tensor, k: int) -> tuple[CNNSpec, Tensor]:
     return wide, wide.pack(weights, biases)
 
 
+def check_other_widths(spec: NetSpec, other: NetSpec, where: str) -> None:
+    """Raise unless ``other`` is ``spec`` with other hidden widths only: the same kind of network, depth, inputs
+    and outputs (and a CNN's kernel size)."""
+    if type(other) is not type(spec) or len(other.widths) != len(spec.widths) \
+            or (other.widths[0], other.widths[-1]) != (spec.widths[0], spec.widths[-1]) \
+            or getattr(other, "kernel_size", None) != getattr(spec, "kernel_size", None):
+        raise ValueError(f"{where}: {other} must keep the kind of network, depth, inputs and outputs (and kernel "
+                         f"size) of {spec}")
+
+
+def repeat_units(spec: NetSpec, theta: Tensor, wide: NetSpec) -> Tensor:
+    """Networks ``theta`` of ``spec`` carried to the hidden widths of ``wide`` by repeating hidden units:
+    unit ``j`` of every hidden layer of the result is unit ``j mod h`` of the original (``h`` its width), with
+    that unit's incoming weights, bias and outgoing weights, so that every weight between two hidden units
+    is repeated along both ends. Returns ``[B, D_wide]``.
+
+    The copies keep the weights sized for the original width: a layer that reads ``k`` times as many hidden
+    units sums ``k`` copies, so divide every weight that reads hidden units by the width ratio to compute the
+    original network (the function-preserving widening of Net2Net, Chen et al. 2016).
+    """
+    theta = spec.check(theta, "theta")
+    check_other_widths(spec, wide, "repeat_units")
+    last = spec.n_layers - 1
+    weights, biases = [], []
+    for l, (w, b) in enumerate(zip(spec.weights(theta), spec.biases(theta))):
+        out_idx = torch.arange(wide.widths[l + 1], device=w.device) % spec.widths[l + 1]
+        in_idx = torch.arange(wide.widths[l], device=w.device) % spec.widths[l]
+        if l < last:
+            w, b = w[:, out_idx], (None if b is None else b[:, out_idx])
+        weights.append(w if l == 0 else w[:, :, in_idx])
+        biases.append(b)
+    return wide.pack(weights, biases)
+
+
 # ------------------------------------------------------------------ training
 def output_loss(out: Tensor, y: Tensor, task: str = "classification") -> Tensor:
     """Mean loss ``[B]`` of every member's outputs ``out [B, N, out]`` against targets ``y``: cross-entropy for

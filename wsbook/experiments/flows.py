@@ -312,9 +312,10 @@ def unanchored_config(cfg: FlowConfig) -> FlowConfig:
 
 def cnn_width_transfer(chosen: str | None = None, *, seeds: tuple[int, ...] = protocol.SEEDS):
     """Chapter 8d's width transfer: the channel flow chosen on validation runs (``chosen``, default the best by
-    the validation scores of ``cnn_verdict_table("channel")`` among the flows that can change width, those
-    with a source centred at zero), trained without its anchor (:func:`unanchored_config`) on the
-    8-channel zoo once per seed of ``seeds``, samples 16-channel CNNs, read against the trained 16-channel
+    the validation scores of ``cnn_verdict_table("channel")`` among the flows that can change width, the
+    channel fields), trained without its anchor (:func:`unanchored_config`) on the 8-channel zoo once per
+    seed of ``seeds``, samples 16-channel CNNs (from a source centred on the mean network, that network with
+    its channels repeated: :func:`~wsbook.nets.repeat_units`), read against the trained 16-channel
     zoo :data:`CNN_WIDE_ZOO` and against two baselines built from ``k`` (the ratio of the widths)
     independent 8-channel samples of the same flow: packed side by side into one wide network
     (:func:`~wsbook.nets.pack_cnns`) and their probability average. Every row is scored by
@@ -334,17 +335,8 @@ def cnn_width_transfer(chosen: str | None = None, *, seeds: tuple[int, ...] = pr
     """
     import pandas as pd
 
-    candidates = cnn_candidates()
-    if chosen is None:
-        validation = verdict_choice("cnn_digits", cnn_verdict_candidates("channel"), *cnn_sizes())[1]
-        chosen = choose({k: v for k, v in validation.items() if _transferable(candidates[k])})
-    if not _transferable(candidates[chosen]):
-        raise ValueError(f"cnn_width_transfer: {chosen!r} cannot change width (a flat field reads a weight vector "
-                         "of one length, and a source centred on the training networks has their width)")
+    chosen, cfg = width_transfer_config(chosen)
     n, steps = cnn_sizes()
-    cfg = unanchored_config(candidates[chosen])
-    # `ci` checks the computation with a third of the chosen flow's steps (three trainings cost too much there)
-    cfg = dataclasses.replace(cfg, steps=config.by_scale(ci=cfg.steps // 3, default=cfg.steps, full=cfg.steps))
     out = _cnn_width_transfer("cnn_digits", targets.ZOOS["cnn_digits"], CNN_WIDE_ZOO, targets.ZOOS[CNN_WIDE_ZOO],
                               targets.zoo_runs(CNN_WIDE_ZOO), cfg, int(n), int(steps), tuple(int(s) for s in seeds),
                               ACCURACY_GAP)
@@ -353,10 +345,35 @@ def cnn_width_transfer(chosen: str | None = None, *, seeds: tuple[int, ...] = pr
     return table
 
 
+def width_transfer_config(chosen: str | None = None) -> tuple[str, FlowConfig]:
+    """``(label, settings)`` of the flow :func:`cnn_width_transfer` trains: the channel flow ``chosen`` (default:
+    chosen on the validation runs among the flows that can change width) without its anchor."""
+    candidates = cnn_candidates()
+    if chosen is None:
+        validation = verdict_choice("cnn_digits", cnn_verdict_candidates("channel"), *cnn_sizes())[1]
+        chosen = choose({k: v for k, v in validation.items() if _transferable(candidates[k])})
+    if chosen not in candidates:
+        raise ValueError(f"cnn_width_transfer: {chosen!r} is not a CNN flow; one of {sorted(candidates)}")
+    if not _transferable(candidates[chosen]):
+        raise ValueError(f"cnn_width_transfer: {chosen!r} cannot change width (a flat field reads a weight vector "
+                         "of one length)")
+    cfg = unanchored_config(candidates[chosen])
+    # `ci` checks the computation with a third of the chosen flow's steps (three trainings cost too much there)
+    return chosen, dataclasses.replace(cfg, steps=config.by_scale(ci=cfg.steps // 3, default=cfg.steps,
+                                                                  full=cfg.steps))
+
+
+def width_transfer_seed(seed: int) -> WeightFlow:
+    """One training seed of :func:`cnn_width_transfer` (cached): the command line trains each on its own
+    (``flow/cnn/width_transfer/seed/<seed>``), so that ``--jobs`` trains the seeds side by side."""
+    return train_flow("cnn_digits", width_transfer_config()[1], seed=seed).flow
+
+
 def _transferable(cfg: FlowConfig) -> bool:
-    """Whether a CNN flow can be sampled at another width: a channel field from a source that is not tied to
-    one width (centred at zero)."""
-    return cfg.field == "channel" and cfg.source == "zero"
+    """Whether a CNN flow can be sampled at another width: a channel field (a flat field reads a weight vector
+    of one length). A source centred on the mean training network goes to the new width with it, widened by
+    repeating its channels (:meth:`~wsbook.weightflow.EuclideanChart.with_spec`)."""
+    return cfg.field == "channel"
 
 
 def transfer_rows(split: protocol.RunSplit, wide: targets.Zoo, trained: dict[int, WeightFlow], n: int, steps: int,

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from wsbook.manifolds import Euclidean, Manifold, Sphere
-from wsbook.nets import CNNSpec, MLPSpec, NetSpec
+from wsbook.nets import CNNSpec, MLPSpec, NetSpec, check_other_widths, repeat_units
 from wsbook.symmetry import canonicalize, from_spheres, normalize_neurons, product_manifold, sphere_blocks, to_spheres
 from wsbook.symmetry import weight_matching
 
@@ -189,16 +189,16 @@ class Chart:
         """The same kind of chart for another architecture of the same depth (no reference network), on
         ``spec`` itself (its bias and frequency too: a :class:`WeightFlow` needs its field's spec). A CNN
         keeps its kernel size; only hidden widths (neurons or channels) may change."""
+        check_other_widths(self.spec, spec, "with_spec")
         cfg = self.config()
-        if type(spec) is not type(self.spec) or len(spec.widths) != len(self.spec.widths) \
-                or spec.widths[0] != self.spec.widths[0] or spec.widths[-1] != self.spec.widths[-1] \
-                or getattr(spec, "kernel_size", None) != getattr(self.spec, "kernel_size", None):
-            raise ValueError(f"with_spec: {spec} must keep the kind of network, depth, inputs and outputs "
-                             f"(and kernel size) of {self.spec}")
         kind = cfg.pop("kind")
         for key in SPEC_KEYS:
             cfg.pop(key, None)
-        return make_chart(kind, spec, **{**cfg, "reference": None})
+        return make_chart(kind, spec, **{**cfg, **self._settings_for(spec), "reference": None})
+
+    def _settings_for(self, spec: NetSpec) -> dict:
+        """The settings of :meth:`config` that depend on the widths, carried to ``spec`` (none by default)."""
+        return {}
 
 
 class EuclideanChart(Chart):
@@ -275,6 +275,13 @@ class EuclideanChart(Chart):
     def config(self) -> dict:
         cfg = {"kind": self.kind, **spec_config(self.spec), "sigma": self.sigma, "reference": self.reference}
         return cfg if self.loc is None else cfg | {"loc": self.loc}
+
+    def _settings_for(self, spec: NetSpec) -> dict:
+        """A source centred on networks (``loc``) or with a scale per weight goes to other widths by
+        :func:`~wsbook.nets.repeat_units`: every hidden unit of the new width is centred on a copy of one of
+        the old width's units, its weights sized for the old width."""
+        out = {} if self.loc is None else {"loc": repeat_units(self.spec, self.loc, spec)}
+        return out | ({"sigma": repeat_units(self.spec, self.sigma, spec)} if isinstance(self.sigma, Tensor) else {})
 
 
 class _CanonicalChart(Chart):

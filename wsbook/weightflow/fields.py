@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from wsbook.flows.models import TimeMLP, time_features
 from wsbook.graphs import WeightSpaceField
-from wsbook.nets import MLPSpec
+from wsbook.nets import MLPSpec, repeat_units
 from wsbook.weightflow.charts import spec_config, split_spec_config
 
 #: Width of the fields' time embedding: ``t`` itself and ``TIME_FEATURES - 1`` sinusoids of it
@@ -515,9 +515,7 @@ class NeuronField(WeightField):
             if wide < h:
                 raise ValueError(f"NeuronField.with_spec: an anchored field of width {h} can widen its anchor (by "
                                  f"repeating its neurons) but not narrow it to {wide}")
-            idx = torch.arange(wide, device=self.anchor.device) % h
-            (w1, w2), (b1, b2) = self.spec.weights(self.anchor), self.spec.biases(self.anchor)
-            state["anchor"] = spec.pack([w1[:, idx], w2[:, :, idx]], [b1[:, idx], b2])
+            state["anchor"] = repeat_units(self.spec, self.anchor, spec)
         new = NeuronField(spec, **self.kwargs).to(self.head[-1].weight)
         new.load_state_dict(state)
         return new
