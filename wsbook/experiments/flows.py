@@ -314,8 +314,8 @@ def cnn_width_transfer(chosen: str | None = None, *, seeds: tuple[int, ...] = pr
     """Chapter 8d's width transfer: the channel flow chosen on validation runs (``chosen``, default the best by
     the validation scores of ``cnn_verdict_table("channel")`` among the flows that can change width, the
     channel fields), trained without its anchor (:func:`unanchored_config`) on the 8-channel zoo once per
-    seed of ``seeds``, samples 16-channel CNNs (from a source centred on the mean network, that network with
-    its channels repeated: :func:`~wsbook.nets.repeat_units`), read against the trained 16-channel
+    seed of ``seeds``, samples 16-channel CNNs (a source centred on the mean 8-channel network is centred on
+    that network with its channels repeated, :func:`~wsbook.nets.repeat_units`), read against the trained 16-channel
     zoo :data:`CNN_WIDE_ZOO` and against two baselines built from ``k`` (the ratio of the widths)
     independent 8-channel samples of the same flow: packed side by side into one wide network
     (:func:`~wsbook.nets.pack_cnns`) and their probability average. Every row is scored by
