@@ -244,6 +244,18 @@ def test_channel_field_follows_the_weight_field_protocol():
     assert field_from_config(anchored.config()).anchored and anchored(t, x).shape == x.shape
     with pytest.raises(ValueError, match="anchored field"):
         anchored.with_spec(CNNSpec(1, (7, 2), 3, 3))
+    # widened, the anchored field reads every copy of a channel beside a copy of its anchor channel: on a
+    # network widened by repeating channels it computes its own output, repeated
+    from wsbook.nets import repeat_units
+
+    wide = CNNSpec(1, (8, 12), 3, 3)
+    with torch.no_grad():
+        for p in anchored.parameters():         # the decoders and linear terms start at zero; give them values
+            p.add_(0.1 * torch.randn_like(p))
+        big = anchored.with_spec(wide)
+        assert torch.equal(big.anchor, repeat_units(spec, anchored.anchor, wide))
+        torch.testing.assert_close(big(t, repeat_units(spec, x, wide)), repeat_units(spec, anchored(t, x), wide),
+                                   atol=1e-5, rtol=1e-4)
 
 
 def test_flat_field_reads_a_cnn():

@@ -222,8 +222,8 @@ def test_cnn_candidates_and_the_width_transfer_choice():
     # every channel field can be sampled at another width (a mean source widened with it); a flat one cannot
     assert [k for k, c in cands.items() if flows._transferable(c)] == [
         "channel_euclidean_aligned_ot", "channel_geometric_aligned_ot", "channel_euclidean_aligned_ot_from_mean"]
-    chosen, cfg = flows.width_transfer_config("channel_euclidean_aligned_ot_from_mean")
-    assert not cfg.anchored and cfg.align_pairs and cfg.source == "mean"
+    assert flows.width_transfer_choice("channel_euclidean_aligned_ot_from_mean") == \
+        "channel_euclidean_aligned_ot_from_mean"
     with pytest.raises(ValueError, match="not a CNN flow"):
         flows.cnn_width_transfer("conv")
     with pytest.raises(ValueError, match="field must be one of"):

@@ -17,8 +17,7 @@ On a CPU, where most artifacts are small networks that one core computes about a
 ``--jobs N`` instead computes N artifacts at a time in worker processes of one torch thread each; an entry
 that two of them need is computed by one while the other waits for its lock (:mod:`wsbook.cache`). Each
 training seed of a verdict table is an artifact of its own (``verdict/<table>/seed/<seed>``, ahead of the
-table; chapter 8d's width transfer likewise), so that the workers train the seeds side by side and the table
-itself only scores.
+table), so that the workers train the seeds side by side and the table itself only scores.
 Errors (an unknown artifact or scale, a cache directory that cannot be written, an optional artifact whose
 data is not on disk) are one line on stderr and a non-zero exit code. The optional artifacts (``zoo/mnist``:
 the full MNIST from ``WSBOOK_MNIST_DIR``; nothing is downloaded) are listed always, computed when named,
@@ -308,12 +307,8 @@ def artifacts() -> dict[str, Artifact]:
                         f"so, and the plain baseline, trained with seeds {protocol.SEEDS} and sampled (chapter 8d's "
                         "test verdicts)", _one_thread(lambda: (flows.cnn_verdict_table(),
                                                                flows.cnn_verdict_table("channel")))))
-    for s in protocol.SEEDS:
-        out.append(Artifact(f"flow/cnn/width_transfer/seed/{s}", f"seed {s} of chapter 8d's width transfer: the "
-                            "chosen channel flow trained without its anchor",
-                            _one_thread(lambda s=s: flows.width_transfer_seed(s))))
-    out.append(Artifact("flow/cnn/width_transfer", "16-channel CNNs from the chosen channel flow trained without "
-                        f"its anchor on 8-channel ones, with seeds {protocol.SEEDS}, beside packed ensembles of its "
+    out.append(Artifact("flow/cnn/width_transfer", "16-channel CNNs from the chosen channel flow as the verdict "
+                        f"trained it on 8-channel ones (seeds {protocol.SEEDS}), beside packed ensembles of its "
                         "8-channel samples and the trained 16-channel zoo (chapter 8d)",
                         _one_thread(flows.cnn_width_transfer)))
     out.append(Artifact("flow/mnist/guidance", "the best MNIST flow's samples guided by the task loss, every weight "

@@ -302,22 +302,14 @@ TRANSFER_ROWS = ("trained wide zoo", "flow at the new width", "packed ensemble",
                  "flow at its training width")
 
 
-def unanchored_config(cfg: FlowConfig) -> FlowConfig:
-    """The flow ``cfg`` without its anchor: the same chart, field and training, every target aligned to its
-    source partner instead (as on a chart without a reference). An anchored field reads an anchor network of
-    one architecture; without it the field has no parameter that depends on a hidden width
-    (:meth:`~wsbook.weightflow.WeightFlow.with_spec`)."""
-    return dataclasses.replace(cfg, anchored=False, align_pairs=True)
-
-
 def cnn_width_transfer(chosen: str | None = None, *, seeds: tuple[int, ...] = protocol.SEEDS):
     """Chapter 8d's width transfer: the channel flow chosen on validation runs (``chosen``, default the best by
     the validation scores of ``cnn_verdict_table("channel")`` among the flows that can change width, the
-    channel fields), trained without its anchor (:func:`unanchored_config`) on the 8-channel zoo once per
-    seed of ``seeds``, samples 16-channel CNNs (a source centred on the mean 8-channel network is centred on
-    that network with its channels repeated, :func:`~wsbook.nets.repeat_units`), read against the trained 16-channel
-    zoo :data:`CNN_WIDE_ZOO` and against two baselines built from ``k`` (the ratio of the widths)
-    independent 8-channel samples of the same flow: packed side by side into one wide network
+    channel fields), as trained on the 8-channel zoo for the verdict with each seed of ``seeds``, samples
+    16-channel CNNs (its anchor, and a source centred on the mean 8-channel network, widened by repeating
+    channels: :func:`~wsbook.nets.repeat_units`), read against the trained 16-channel zoo
+    :data:`CNN_WIDE_ZOO` and against two baselines built from ``k`` (the ratio of the widths) independent
+    8-channel samples of the same flow: packed side by side into one wide network
     (:func:`~wsbook.nets.pack_cnns`) and their probability average. Every row is scored by
     :func:`probability_scores` on the digits test split.
 
@@ -335,7 +327,8 @@ def cnn_width_transfer(chosen: str | None = None, *, seeds: tuple[int, ...] = pr
     """
     import pandas as pd
 
-    chosen, cfg = width_transfer_config(chosen)
+    chosen = width_transfer_choice(chosen)
+    cfg = cnn_candidates()[chosen]
     n, steps = cnn_sizes()
     out = _cnn_width_transfer("cnn_digits", targets.ZOOS["cnn_digits"], CNN_WIDE_ZOO, targets.ZOOS[CNN_WIDE_ZOO],
                               targets.zoo_runs(CNN_WIDE_ZOO), cfg, int(n), int(steps), tuple(int(s) for s in seeds),
@@ -345,34 +338,26 @@ def cnn_width_transfer(chosen: str | None = None, *, seeds: tuple[int, ...] = pr
     return table
 
 
-def width_transfer_config(chosen: str | None = None) -> tuple[str, FlowConfig]:
-    """``(label, settings)`` of the flow :func:`cnn_width_transfer` trains: the channel flow ``chosen`` (default:
-    chosen on the validation runs among the flows that can change width) without its anchor."""
+def width_transfer_choice(chosen: str | None = None) -> str:
+    """The flow of :func:`cnn_width_transfer`: ``chosen``, checked, or the channel flow chosen on the validation
+    runs among the flows that can change width."""
     candidates = cnn_candidates()
     if chosen is None:
         validation = verdict_choice("cnn_digits", cnn_verdict_candidates("channel"), *cnn_sizes())[1]
-        chosen = choose({k: v for k, v in validation.items() if _transferable(candidates[k])})
+        return choose({k: v for k, v in validation.items() if _transferable(candidates[k])})
     if chosen not in candidates:
         raise ValueError(f"cnn_width_transfer: {chosen!r} is not a CNN flow; one of {sorted(candidates)}")
     if not _transferable(candidates[chosen]):
         raise ValueError(f"cnn_width_transfer: {chosen!r} cannot change width (a flat field reads a weight vector "
                          "of one length)")
-    cfg = unanchored_config(candidates[chosen])
-    # `ci` checks the computation with a third of the chosen flow's steps (three trainings cost too much there)
-    return chosen, dataclasses.replace(cfg, steps=config.by_scale(ci=cfg.steps // 3, default=cfg.steps,
-                                                                  full=cfg.steps))
-
-
-def width_transfer_seed(seed: int) -> WeightFlow:
-    """One training seed of :func:`cnn_width_transfer` (cached): the command line trains each on its own
-    (``flow/cnn/width_transfer/seed/<seed>``), so that ``--jobs`` trains the seeds side by side."""
-    return train_flow("cnn_digits", width_transfer_config()[1], seed=seed).flow
+    return chosen
 
 
 def _transferable(cfg: FlowConfig) -> bool:
     """Whether a CNN flow can be sampled at another width: a channel field (a flat field reads a weight vector
-    of one length). A source centred on the mean training network goes to the new width with it, widened by
-    repeating its channels (:meth:`~wsbook.weightflow.EuclideanChart.with_spec`)."""
+    of one length). Its anchor and a source centred on the mean training network go to the new width with
+    it, widened by repeating their channels (:meth:`~wsbook.weightflow.ChannelField.with_spec`,
+    :meth:`~wsbook.weightflow.EuclideanChart.with_spec`)."""
     return cfg.field == "channel"
 
 
@@ -439,7 +424,8 @@ def transfer_rows(split: protocol.RunSplit, wide: targets.Zoo, trained: dict[int
 def _cnn_width_transfer(zoo_name: str, zoo: targets.ZooConfig, wide_name: str, wide: targets.ZooConfig,
                         wide_runs: int, cfg: FlowConfig, n: int, steps: int, seeds: tuple[int, ...],
                         accuracy_gap: float) -> dict:
-    """:func:`cnn_width_transfer`, cached under both zoos' settings, the flow, the sizes and the seeds."""
+    """:func:`cnn_width_transfer`, cached under both zoos' settings, the flow, the sizes and the seeds (the
+    flows themselves are the verdict's: :func:`verdict_seed` trains them)."""
     trained = {seed: train_flow(zoo_name, cfg, seed=seed).flow for seed in seeds}
     return transfer_rows(zoo_split(zoo_name), targets.zoo(wide_name, n_runs=wide_runs), trained, n, steps,
                          accuracy_gap)
@@ -1001,5 +987,5 @@ __all__ = ["FlowConfig", "fit_recipe", "flow_config", "extended_config", "EXTEND
            "verdict_seed", "verdict_table", "breast_cancer_candidates", "cnn_candidates", "cnn_sizes",
            "cnn_verdict_table", "cnn_verdict_candidates", "ACCURACY_GAP", "SOURCES",
            "CNN_MEAN_SOURCE_SIGMA",
-           "CNN_WIDE_ZOO", "TRANSFER_ROWS", "unanchored_config", "cnn_width_transfer", "transfer_rows",
+           "CNN_WIDE_ZOO", "TRANSFER_ROWS", "cnn_width_transfer", "transfer_rows",
            "nn_ratio_interval", "steps_curve", "adam_curve"]

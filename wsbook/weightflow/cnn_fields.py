@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from wsbook.flows.models import time_features
-from wsbook.nets import CNNSpec
+from wsbook.nets import CNNSpec, repeat_units
 from wsbook.weightflow.fields import (FIELDS, TIME_FEATURES, WeightField, _build_edge_readout, _build_rounds,
                                      _edge_reads, _message_rounds, _mlp, _summary, _times)
 
@@ -56,7 +56,8 @@ class ChannelField(WeightField):
         heads: attention heads (must divide ``hidden``).
         anchored: every channel and kernel is read beside the same channel and kernel of an anchor network (as
             :class:`~wsbook.weightflow.NeuronField`'s ``anchored``; :meth:`WeightFlow.fit` sets the mean
-            aligned training network): equivariant in the pair, for the anchor's channel counts only.
+            aligned training network): equivariant in the pair; :meth:`with_spec` widens the anchor by
+            repeating its channels.
 
     Shapes: ``x`` is ``[B, D]`` in the spec's flat layout, ``t`` a number or ``[B]``; the output is ``[B, D]``.
     """
@@ -156,7 +157,12 @@ class ChannelField(WeightField):
 
     def with_spec(self, spec: CNNSpec) -> "ChannelField":
         """The same trained module on CNNs with other hidden channel counts (same depth, input channels,
-        kernel size and classes): no parameter depends on a hidden width."""
+        kernel size and classes): no parameter depends on a hidden width.
+
+        An anchored field can only widen: its anchor is widened by repeating its channels
+        (:func:`~wsbook.nets.repeat_units`), so that every channel of the wider network is read beside an anchor
+        channel the field knows, each copy with outgoing weights sized for the old width (divide every layer
+        that reads hidden channels by the width ratio to read their sums as averages)."""
         if not isinstance(spec, CNNSpec) or len(spec.channels) != len(self.spec.channels) \
                 or (spec.in_channels, spec.kernel_size, spec.n_classes) != \
                 (self.spec.in_channels, self.spec.kernel_size, self.spec.n_classes):
@@ -164,11 +170,14 @@ class ChannelField(WeightField):
                              f"classes of {self.spec}")
         if spec == self.spec:
             return self
+        state = self.state_dict()
         if self.anchored:
-            raise ValueError(f"ChannelField.with_spec: an anchored field reads an anchor network of {self.spec} "
-                             f"and exists for those channel counts only")
+            if any(w < c for w, c in zip(spec.channels, self.spec.channels)):
+                raise ValueError(f"ChannelField.with_spec: an anchored field of {self.spec.channels} channels can "
+                                 f"widen its anchor (by repeating its channels) but not narrow it to {spec.channels}")
+            state["anchor"] = repeat_units(self.spec, self.anchor, spec)
         new = ChannelField(spec, **self.kwargs).to(self.time.weight)
-        new.load_state_dict(self.state_dict())
+        new.load_state_dict(state)
         return new
 
 
