@@ -365,14 +365,15 @@ def groups() -> dict[str, Callable[[], list[str]]]:
         "chapter/08d": lambda: ["zoo/cnn_digits", "zoo/cnn_digits_w16", "flow/cnn/*", "verdict/cnn_digits*"],
         "chapter/08c": lambda: ["zoo/breast_cancer", "hmc/breast_cancer/*", "hmc/mnist5k/0",
                                 "posterior/breast_cancer/*", "flow/posterior/*", "verdict/posterior*"],
-        # the discussion quotes chapters 8, 8b, 8c and 8d
+        # the discussion quotes chapters 8, 8b, 8c and 8d (8d's verdicts and width transfer)
         "chapter/09": lambda: [*zoos(), "hmc/breast_cancer/*", "hmc/mnist5k/0", "posterior/breast_cancer/*",
                                *map(bc_flow_artifact, flows.breast_cancer_candidates()), "verdict/breast_cancer",
                                *mnist_flows(), "verdict/mnist5k", "flow/mnist/width_transfer",
                                *(flow_artifact(f"posterior/{BC}", name) for name in pf.FLOWS),
                                "flow/posterior/importance", "flow/posterior/mnist5k_cost",
                                "verdict/posterior", "zoo/cnn_digits",
-                               *(flow_artifact(CNN, name) for name in flows.cnn_candidates()), "verdict/cnn_digits"],
+                               *(flow_artifact(CNN, name) for name in flows.cnn_candidates()), "verdict/cnn_digits",
+                               "zoo/cnn_digits_w16", "flow/cnn/width_transfer"],
     }
 
 
