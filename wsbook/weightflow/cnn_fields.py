@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from wsbook.flows.models import time_features
-from wsbook.nets import CNNSpec, repeat_units
+from wsbook.nets import CNNSpec, check_other_widths, repeat_units
 from wsbook.weightflow.fields import (FIELDS, TIME_FEATURES, WeightField, _build_edge_readout, _build_rounds,
                                      _edge_reads, _message_rounds, _mlp, _summary, _times)
 
@@ -163,11 +163,7 @@ class ChannelField(WeightField):
         (:func:`~wsbook.nets.repeat_units`), so that every channel of the wider network is read beside an anchor
         channel the field knows, each copy with outgoing weights sized for the old width (divide every layer
         that reads hidden channels by the width ratio to read their sums as averages)."""
-        if not isinstance(spec, CNNSpec) or len(spec.channels) != len(self.spec.channels) \
-                or (spec.in_channels, spec.kernel_size, spec.n_classes) != \
-                (self.spec.in_channels, self.spec.kernel_size, self.spec.n_classes):
-            raise ValueError(f"ChannelField.with_spec: {spec} must keep the depth, input channels, kernel size and "
-                             f"classes of {self.spec}")
+        check_other_widths(self.spec, spec, "ChannelField.with_spec")
         if spec == self.spec:
             return self
         state = self.state_dict()

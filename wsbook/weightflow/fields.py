@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from wsbook.flows.models import TimeMLP, time_features
 from wsbook.graphs import WeightSpaceField
-from wsbook.nets import MLPSpec, repeat_units
+from wsbook.nets import MLPSpec, check_other_widths, repeat_units
 from wsbook.weightflow.charts import spec_config, split_spec_config
 
 #: Width of the fields' time embedding: ``t`` itself and ``TIME_FEATURES - 1`` sinusoids of it
@@ -501,9 +501,7 @@ class NeuronField(WeightField):
         the logits of a network ``k`` times wider are about ``k`` times larger (scale its outgoing weights by
         the width ratio to read them as an average). An anchored field over two or more hidden layers exists
         for its anchor's widths only."""
-        if not isinstance(spec, MLPSpec) or len(spec.widths) != len(self.spec.widths) \
-                or spec.widths[0] != self.spec.widths[0] or spec.widths[-1] != self.spec.widths[-1]:
-            raise ValueError(f"NeuronField.with_spec: {spec} must keep the depth, inputs and outputs of {self.spec}")
+        check_other_widths(self.spec, spec, "NeuronField.with_spec")
         if spec == self.spec:
             return self
         state = self.state_dict()
