@@ -157,3 +157,18 @@ def test_chapter_groups_name_the_results_chapters_flows(env):
         assert max(map(names.index, seeds)) < names.index(f"verdict/{zoo}")
     assert chosen["chapter/09"] <= set.union(*(chosen[g] for g in ("chapter/08", "chapter/08b", "chapter/08c",
                                                                    "chapter/08d")))
+
+
+@pytest.mark.parametrize("scale", ["ci", "default"])
+def test_registry_lists_the_mnist_flows_chapter_8b_trains(env, monkeypatch, scale):
+    """``all`` precomputes the MNIST flows the page trains at the scale, and no recipe it never reads."""
+    from wsbook.experiments import mnist_flows as mf, pipeline
+
+    monkeypatch.setenv("WSBOOK_SCALE", scale)
+    registry = cli.artifacts()
+    listed = {n for n in registry if n.startswith("flow/mnist/")}
+    wanted = {cli.flow_artifact(mf.ZOO, r) for r in mf.trained_recipes()}
+    assert wanted <= listed and "plain baseline" in mf.trained_recipes()
+    untrained = set(pipeline.recipes(mf.ZOO)) - set(mf.trained_recipes())
+    assert not listed & {cli.flow_artifact(mf.ZOO, r) for r in untrained}
+    assert set(cli.select(["chapter/08b"], registry)) >= wanted

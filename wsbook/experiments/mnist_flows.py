@@ -173,6 +173,12 @@ def task_data(task: str) -> data.Dataset:
 
 
 # -------------------------------------------------------------------------------------------- flows
+def trained_recipes(b: Budget | None = None) -> tuple[str, ...]:
+    """The recipes chapter 8b trains at the budget's scale (default: the current one): the budget's
+    recipes and the plain baseline."""
+    return (*(budget() if b is None else b).recipes, "plain baseline")
+
+
 def recipe_config(recipe: str, b: Budget | None = None, dim: int | None = None) -> flows.FlowConfig:
     """The :class:`~wsbook.experiments.flows.FlowConfig` of ``recipe`` (a key of :data:`RECIPES`) with the
     budget's sizes: every chart aligned to the split's reference network; the GNN and neuron fields read
