@@ -434,19 +434,19 @@ def test_learned_aligner_on_a_cnn_trains_and_recovers_planted_channels():
 
     spec = CNNSpec(1, (4, 4), kernel_size=3, n_classes=3)
     gen = torch.Generator().manual_seed(0)
-    zoo = 0.5 * torch.randn(20, spec.n_params, generator=gen)
+    zoo = 0.5 * torch.randn(32, spec.n_params, generator=gen)
     x, y = torch.randn(48, 1, 4, 4, generator=gen), torch.randint(0, 3, (48,), generator=gen)
-    held_out = zoo[16:]
-    g = symmetry.random_permutation(spec, 4, torch.Generator().manual_seed(1))
+    held_out = zoo[16:]        # 128 hidden channels: recovery in steps of 1/128, so one CPU's rounding cannot decide
+    g = symmetry.random_permutation(spec, len(held_out), torch.Generator().manual_seed(1))
     noisy = held_out + 0.2 * torch.randn(held_out.shape, generator=torch.Generator().manual_seed(2))
     moved, truth = symmetry.permute(spec, noisy, g), symmetry.inverse_permutation(g)
     torch.manual_seed(0)
     aligner = LearnedAligner(spec, dim=16, n_layers=2, layer="relational_transformer")
     aligner.gnn.set_normalization(zoo[:16])
     untrained = planted_recovery(aligner, held_out, moved, truth)
-    history = fit_aligner(aligner, zoo[:16], x, y, steps=60, batch_size=8, lr=1e-2, noise=(0.0, 0.3),
+    history = fit_aligner(aligner, zoo[:16], x, y, steps=300, batch_size=8, lr=3e-3, noise=(0.0, 0.3),
                           data_batch=16)
-    assert history.shape == (60, 2) and torch.isfinite(history).all()
+    assert history.shape == (300, 2) and torch.isfinite(history).all()
     assert history[-10:, 0].mean() < 0.5 * history[:10, 0].mean()
     trained = planted_recovery(aligner, held_out, moved, truth)
     assert untrained < 0.9 and trained >= 0.95, (untrained, trained)

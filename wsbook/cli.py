@@ -272,8 +272,6 @@ def artifacts() -> dict[str, Artifact]:
     chapters = {BC: "chapters 8, 9", mf.ZOO: "chapter 8b", CNN: "chapter 8d", f"posterior/{BC}": "chapters 8c, 9"}
     for target in pipeline.TARGETS:
         for name, recipe in pipeline.recipes(target).items():
-            if target == mf.ZOO and name not in mf.trained_recipes():     # all of Table 7.2 only at `full`
-                continue
             what = "its samples" if target in pipeline.ZOO_TARGETS else f"trained on {recipe.objective}"
             out.append(Artifact(flow_artifact(target, name), f"flow {name} on {target}, {what} ({chapters[target]})",
                                 train_and_sample(target, name)))

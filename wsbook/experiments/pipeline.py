@@ -64,7 +64,7 @@ def recipes(target: str) -> dict[str, Recipe]:
     if target == "breast_cancer":
         return {name: Recipe(target, name, cfg) for name, cfg in flows.breast_cancer_candidates().items()}
     if target == "mnist5k":
-        return {name: Recipe(target, name, mf.recipe_config(name)) for name in mf.RECIPES}
+        return {name: Recipe(target, name, mf.recipe_config(name)) for name in mf.trained_recipes()}
     if target == "cnn_digits":
         return {name: Recipe(target, name, cfg) for name, cfg in flows.cnn_candidates().items()}
     st = pf.flow_settings()
