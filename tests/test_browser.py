@@ -91,6 +91,12 @@ def chapter_pages() -> list[Path]:
     return [p for p in pages() if p.parent.name == "chapters"]
 
 
+def wait_for_figures(tab, n_figures: int) -> None:
+    if n_figures:
+        tab.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}",
+                              timeout=60_000)
+
+
 # For every plotly figure: is there a visible x / y axis without a title, and is it inside a captioned figure?
 FIGURE_CHECK = """
 () => Array.from(document.querySelectorAll('.js-plotly-plot')).map((el, i) => {
@@ -114,28 +120,14 @@ WIDE_CODE = """
 
 
 @pytest.mark.parametrize("page", chapter_pages(), ids=lambda p: p.name)
-def test_chapter_page_reads_cleanly(server, browser, page):
+def test_chapter_page_reads_cleanly(server, browser, loads_dir, page):
     """Issue 11: figures with axis titles and numbered captions, no code wider than the page, no stray
     outputs, a working .ipynb download."""
     import json
     import urllib.request
 
-    url = f"{server}/{page.relative_to(HTML).as_posix()}"
-    context, tab = new_tab(browser)
-    tab.goto(url, wait_until="load")
-    html = page.read_text()
-    n_figures = html.count("Plotly.newPlot")
-    if n_figures:
-        tab.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}",
-                              timeout=60_000)
-    figures = tab.evaluate(FIGURE_CHECK)
-    wide = tab.evaluate(WIDE_CODE)
-    stray = tab.evaluate("Array.from(document.querySelectorAll('.cell_output .output.text_plain'))"
-                         ".map(el => el.innerText.trim().slice(0, 60))")
-    links = tab.evaluate("Array.from(document.querySelectorAll('a[href$=\".ipynb\"]')).map(a => a.href)")
-    # textContent: the box is collapsed, and innerText leaves out what is hidden
-    run_box = tab.evaluate("Array.from(document.querySelectorAll('.wsbook-run')).map(el => el.textContent)")
-    context.close()
+    found = desktop_load(server, browser, loads_dir, page)
+    figures, wide, stray, links, run_box = (found[k] for k in ("figures", "wide", "stray", "links", "run_box"))
     problems = [f"figure {f['index']} ({f['title'][:50]!r}): no {'/'.join(f['missing'])}-axis title"
                 for f in figures if f["missing"]]
     problems += [f"figure {f['index']} ({f['title'][:50]!r}): no caption" for f in figures
@@ -165,26 +157,14 @@ RESULT_FIGURES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(RESULT_FIGURES))
-def test_result_pages_show_the_networks(server, browser, name):
+@pytest.mark.parametrize("page", [p for p in chapter_pages() if p.name in RESULT_FIGURES], ids=lambda p: p.name)
+def test_result_pages_show_the_networks(server, browser, loads_dir, page):
     """Flow samples' decision boundaries beside trained networks and the flow in motion (chapter 7); the
     verdict as a dot plot with intervals (chapter 8); per-network accuracies, principal components of aligned
     weights, first layers as images and the fields' training curves (MNIST page); the predictive test point
     by test point and a reliability diagram (posterior page): each a named, captioned figure whose plot is
     drawn."""
-    page = next((p for p in chapter_pages() if p.name == name), None)
-    assert page is not None, f"no chapter page {name} in {HTML}"
-    context, tab = new_tab(browser)
-    tab.goto(f"{server}/{page.relative_to(HTML).as_posix()}", wait_until="load")
-    n_figures = page.read_text().count("Plotly.newPlot")
-    tab.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}",
-                          timeout=60_000)
-    found = tab.evaluate("""ids => ids.map(id => { const el = document.getElementById(id);
-        const fig = el && (el.tagName === 'FIGURE' ? el : el.closest('figure') || el.querySelector('figure'));
-        const cap = fig && fig.querySelector('figcaption');
-        return {id: id, figure: !!fig, drawn: !!(fig && fig.querySelector('.js-plotly-plot .main-svg')),
-                caption: cap ? cap.innerText.trim() : ''}; })""", list(RESULT_FIGURES[name]))
-    context.close()
+    found = desktop_load(server, browser, loads_dir, page)["named"]
     problems = [f"{f['id']}: no figure with that name" for f in found if not f["figure"]]
     problems += [f"{f['id']}: the plot is not drawn" for f in found if f["figure"] and not f["drawn"]]
     problems += [f"{f['id']}: no caption" for f in found if f["figure"] and not f["caption"]]
@@ -215,25 +195,13 @@ async () => { const out = [];
 
 
 @pytest.mark.parametrize("page", chapter_pages(), ids=lambda p: p.name)
-def test_slider_figures_move_without_a_kernel(server, browser, page):
+def test_slider_figures_move_without_a_kernel(server, browser, loads_dir, page):
     """A figure with a slider has one frame per slider step (at least two), and moving from the first step
     to the last redraws its panels, in the static HTML page."""
-    html = page.read_text()
-    if '"sliders"' not in html:
+    if '"sliders"' not in page.read_text():
         pytest.skip("no slider figure on this page")
-    context, tab = new_tab(browser)
-    errors: list[str] = []
-    tab.on("pageerror", lambda exc: errors.append(f"uncaught: {exc}"))
-    tab.goto(f"{server}/{page.relative_to(HTML).as_posix()}", wait_until="load")
-    n_figures = html.count("Plotly.newPlot")
-    tab.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}",
-                          timeout=60_000)
-    # a figure with frames plays once when the page opens: let it finish before moving the slider
-    tab.wait_for_function("Array.from(document.querySelectorAll('.js-plotly-plot'))"
-                          ".every(gd => !gd._transitionData || !gd._transitionData._animationRaf)",
-                          timeout=60_000)
-    found = tab.evaluate(SLIDER_CHECK)
-    context.close()
+    loaded = desktop_load(server, browser, loads_dir, page)
+    found, errors = loaded["sliders"], [e for e in loaded["errors"] if e.startswith("uncaught")]
     assert found, "the page has a slider in its HTML but no plotly figure with one"
     problems = list(errors)
     for f in found:
@@ -403,22 +371,15 @@ KNOWN_ALIKE: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("page", chapter_pages(), ids=lambda p: p.name)
-def test_figures_tell_series_apart_and_place_log_marks(server, browser, page, request):
+def test_figures_tell_series_apart_and_place_log_marks(server, browser, loads_dir, page, request):
     """Two different series of a figure never look the same (colour, dash, symbol, fill), so the legend can be
     read; a series keeps its colour from one figure of the page to the next; lines and annotations on log
     axes sit where their values are."""
-    html = page.read_text()
-    n_figures = html.count("Plotly.newPlot")
-    if not n_figures:
+    if not page.read_text().count("Plotly.newPlot"):
         pytest.skip("no figure on this page")
     if page.name in KNOWN_ALIKE:
         request.applymarker(pytest.mark.xfail(reason=KNOWN_ALIKE[page.name], strict=False))
-    context, tab = new_tab(browser)
-    tab.goto(f"{server}/{page.relative_to(HTML).as_posix()}", wait_until="load")
-    tab.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}",
-                          timeout=60_000)
-    found = tab.evaluate(FIGURE_MARKS)
-    context.close()
+    found = desktop_load(server, browser, loads_dir, page)["marks"]
     problems = [f"{f['id'] or f['title'][:50]!r}: {p}" for f in found for p in f["problems"]]
     seen: dict[str, dict[str, list[str]]] = {}
     for f in found:
@@ -444,6 +405,8 @@ def test_tables_against_hmc_have_an_hmc_reference():
 
 def test_there_are_pages():
     assert len(pages()) >= 3, f"expected the built book's pages in {HTML}"
+    missing = set(RESULT_FIGURES) - {p.name for p in chapter_pages()}
+    assert not missing, f"no chapter pages {sorted(missing)} in {HTML} (RESULT_FIGURES names them)"
 
 
 def test_api_reference_shows_weightflow(server, browser):
@@ -461,8 +424,40 @@ def test_api_reference_shows_weightflow(server, browser):
         signatures[:20]
 
 
-@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(HTML)))
-def test_page_renders(server, browser, page):
+@pytest.fixture(scope="session")
+def loads_dir(tmp_path_factory, worker_id) -> Path:
+    """Where :func:`desktop_load` keeps what it found, one file a page: the parent of the workers' temporary
+    directories is this run's own and shared by its pytest-xdist workers."""
+    root = tmp_path_factory.getbasetemp()
+    return (root if worker_id == "master" else root.parent) / "desktop-loads"
+
+NAMED_FIGURES = """ids => ids.map(id => { const el = document.getElementById(id);
+    const fig = el && (el.tagName === 'FIGURE' ? el : el.closest('figure') || el.querySelector('figure'));
+    const cap = fig && fig.querySelector('figcaption');
+    return {id: id, figure: !!fig, drawn: !!(fig && fig.querySelector('.js-plotly-plot .main-svg')),
+            caption: cap ? cap.innerText.trim() : ''}; })"""
+
+
+def desktop_load(server, browser, loads_dir: Path, page: Path) -> dict:
+    """Open ``page`` once at desktop width (1280 px) and read everything the desktop tests check: console
+    errors, uncaught exceptions and failed requests, drawn figures and typeset math, a full-page screenshot;
+    on a chapter page also its figures' titles and captions, marks, named result figures, stray outputs,
+    download links, the "Run this chapter" box, code wider than the page (with hidden cells opened) and,
+    last since it moves them, the slider figures. A page of 3-D scenes takes half a minute to load here, so
+    every test of a page reads this one load, whichever worker runs it (a file lock per page)."""
+    import json
+
+    from filelock import FileLock
+
+    loads_dir.mkdir(parents=True, exist_ok=True)
+    path = loads_dir / f"{page.relative_to(HTML).as_posix().replace('/', '__')}.json"
+    with FileLock(f"{path}.lock"):
+        if not path.exists():
+            path.write_text(json.dumps(_desktop_load(server, browser, page)))
+        return json.loads(path.read_text())
+
+
+def _desktop_load(server, browser, page: Path) -> dict:
     url = f"{server}/{page.relative_to(HTML).as_posix()}"
     errors: list[str] = []
     context, tab = new_tab(browser)
@@ -471,31 +466,58 @@ def test_page_renders(server, browser, page):
     tab.on("requestfailed", lambda req: errors.append(f"request failed: {req.url} ({req.failure})"))
     html = page.read_text()
     redirect = re.search(r'http-equiv="Refresh" content="0; url=([^"]+)"', html)
+    found: dict = {"redirect": redirect and redirect.group(1)}
     if redirect:  # the root index.html only forwards to the first page: follow it and check that page
         target = (page.parent / redirect.group(1)).resolve()
-        assert target.exists(), f"{page.name} redirects to a missing page {redirect.group(1)}"
-        with tab.expect_navigation(url=f"**/{redirect.group(1)}", wait_until="load"):
-            tab.goto(url)
-        html = target.read_text()
+        found["redirect_exists"] = target.exists()
+        if target.exists():
+            with tab.expect_navigation(url=f"**/{redirect.group(1)}", wait_until="load"):
+                tab.goto(url)
+            html = target.read_text()
     else:
         tab.goto(url, wait_until="load")
-    n_figures = html.count("Plotly.newPlot")
-    if n_figures:
-        tab.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}",
-                              timeout=60_000)
-    has_math = "math notranslate" in html or "\\(" in html
+    found["n_figures"] = n_figures = html.count("Plotly.newPlot")
+    wait_for_figures(tab, n_figures)
+    found["has_math"] = has_math = "math notranslate" in html or "\\(" in html
     if has_math:
         tab.wait_for_function("document.querySelectorAll('mjx-container').length > 0", timeout=60_000)
     SHOTS.mkdir(parents=True, exist_ok=True)
     tab.screenshot(path=str(SHOTS / f"{page.relative_to(HTML).as_posix().replace('/', '__')}.png"), full_page=True)
-    rendered = tab.evaluate("document.querySelectorAll('.js-plotly-plot .main-svg').length")
-    typeset = tab.evaluate("document.querySelectorAll('mjx-container').length")
+    found["rendered"] = tab.evaluate("document.querySelectorAll('.js-plotly-plot .main-svg').length")
+    found["typeset"] = tab.evaluate("document.querySelectorAll('mjx-container').length")
+    if page.parent.name == "chapters":
+        found["figures"] = tab.evaluate(FIGURE_CHECK)
+        found["marks"] = tab.evaluate(FIGURE_MARKS)
+        found["named"] = tab.evaluate(NAMED_FIGURES, list(RESULT_FIGURES.get(page.name, ())))
+        found["stray"] = tab.evaluate("Array.from(document.querySelectorAll('.cell_output .output.text_plain'))"
+                                      ".map(el => el.innerText.trim().slice(0, 60))")
+        found["links"] = tab.evaluate("Array.from(document.querySelectorAll('a[href$=\".ipynb\"]')).map(a => a.href)")
+        # textContent: the box is collapsed, and innerText leaves out what is hidden
+        found["run_box"] = tab.evaluate("Array.from(document.querySelectorAll('.wsbook-run')).map(el => el.textContent)")
+        found["wide"] = tab.evaluate(WIDE_CODE)
+        found["sliders"] = None
+        if '"sliders"' in html:
+            # a figure with frames plays once when the page opens: let it finish before moving the slider
+            tab.wait_for_function("Array.from(document.querySelectorAll('.js-plotly-plot'))"
+                                  ".every(gd => !gd._transitionData || !gd._transitionData._animationRaf)",
+                                  timeout=60_000)
+            found["sliders"] = tab.evaluate(SLIDER_CHECK)
     context.close()
-    assert not errors, "\n".join(errors)
-    if n_figures:
-        assert rendered >= n_figures, f"{n_figures} plotly figures in the page, {rendered} rendered"
-    if has_math:
-        assert typeset > 0, "the page has math but MathJax typeset nothing"
+    found["errors"] = errors
+    return found
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(HTML)))
+def test_page_renders(server, browser, loads_dir, page):
+    found = desktop_load(server, browser, loads_dir, page)
+    if found["redirect"]:
+        assert found["redirect_exists"], f"{page.name} redirects to a missing page {found['redirect']}"
+    assert not found["errors"], "\n".join(found["errors"])
+    if found["n_figures"]:
+        assert found["rendered"] >= found["n_figures"], \
+            f"{found['n_figures']} plotly figures in the page, {found['rendered']} rendered"
+    if found["has_math"]:
+        assert found["typeset"] > 0, "the page has math but MathJax typeset nothing"
 
 
 # At phone width: how far the page scrolls sideways, and for every figure whether its legend (the book's
@@ -529,9 +551,8 @@ def test_chapter_page_at_phone_width(server, browser, page):
     context, tab = new_tab(browser, 400, 850, device_scale_factor=1)
     tab.goto(f"{server}/{page.relative_to(HTML).as_posix()}", wait_until="load")
     n_figures = page.read_text().count("Plotly.newPlot")
+    wait_for_figures(tab, n_figures)
     if n_figures:
-        tab.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {n_figures}",
-                              timeout=60_000)
         tab.wait_for_timeout(500)   # the reflow and legend fit are relayouts after the first draw
     found = tab.evaluate(PHONE_CHECK)
     box = tab.evaluate("""() => { const el = document.querySelector('.wsbook-run');
