@@ -175,9 +175,7 @@ class GNNField(WeightField):
         """The same trained module on networks of ``spec`` (another hidden width, same depth, inputs and
         outputs): every parameter is shared over nodes and edges, and the positional ids depend only on the
         input and output neurons and the roles of the hidden layers."""
-        if len(spec.widths) != len(self.spec.widths) or spec.widths[0] != self.spec.widths[0] \
-                or spec.widths[-1] != self.spec.widths[-1]:
-            raise ValueError(f"gnn_field.with_spec: {spec} must keep the depth, inputs and outputs of {self.spec}")
+        check_other_widths(self.spec, spec, "gnn_field.with_spec")
         if spec == self.spec:
             return self
         if self.anchored:
