@@ -84,7 +84,8 @@ class FlowConfig:
         dim, n_layers, heads: GNN size; hidden, depth: flat MLP size. The neuron field reads ``hidden`` (its
             node width) and ``n_layers`` (message-passing rounds; attention layers for one hidden layer); the
             channel field ``hidden``, ``n_layers`` (rounds), ``edge_dim`` (kernel features) and
-            ``attention_layers`` (self-attention among each convolution's channels).
+            ``attention_layers`` (self-attention among each convolution's channels). ``heads`` is the GNN's
+            only: the neuron and channel fields attend with their own default of 4 heads.
         steps, batch_size, lr, ema_decay: training.
     """
 
@@ -190,8 +191,8 @@ def flow_config(chart: str, variant: str = "aligned_ot", field: str = "gnn", **o
 
 def extended_config(**overrides) -> FlowConfig:
     """The headline flow (Euclidean chart, aligned + OT, graph-network field) with the longer budget and
-    the settings kept for it on a CPU (chosen against the runs that are now the test runs, before the
-    results protocol; see docs/tuning-log.md): :data:`EXTENDED_STEPS` times the steps of
+    the settings kept for it on a CPU (chosen against the runs that are now the validation runs, before
+    the results protocol; see docs/tuning-log.md): :data:`EXTENDED_STEPS` times the steps of
     :func:`flow_config`, batches of 64 networks, a learning rate of ``1e-2`` (cosine-decayed to 5 % as
     always), three message-passing layers (at ``ci``: the table's field and batch), and a field whose
     layers also read a global summary of the network (``global_context``, a virtual node).
