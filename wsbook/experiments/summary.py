@@ -96,3 +96,81 @@ def sampling_cost(task_names: tuple[str, ...] = ("breast_cancer", "mnist5k")) ->
 
     return {task: pf.task_cost(task, tasks.posterior_sample_size(), config.generator()) for task in task_names}
 
+
+
+#: the columns of :func:`verdicts`
+VERDICT_COLUMNS = ("networks", "mean", "se", "criterion", "verdict")
+
+
+def verdicts(cost: "pd.DataFrame | str | None" = None) -> pd.DataFrame:
+    """Every criterion the results chapters judge on their test runs, one row each, read from the cached
+    verdict tables (:func:`wsbook.experiments.flows.verdict_table` for breast cancer,
+    :func:`~wsbook.experiments.mnist_flows.verdict_table`, :func:`~wsbook.experiments.posterior_flows.verdict_table`,
+    :func:`~wsbook.experiments.flows.cnn_verdict_table` and :func:`~wsbook.experiments.flows.cnn_width_transfer`)
+    and the breast-cancer cost (``cost``: :func:`sampling_cost`'s entry for breast cancer; computed when
+    ``None``). Indexed by (chapter, measure); columns :data:`VERDICT_COLUMNS`: the networks judged (the
+    flow each table chose on validation data), the measure's mean and standard error over training seeds
+    (the cost row: the cheapest flow's ratio, without an error), the criterion in words and the table's
+    verdict (*met*, *level*, *missed*; the cost row: :func:`~wsbook.experiments.posterior_flows.cost_verdict`
+    or ``"not measured"``).
+
+    See chapter 9, "The verdicts at a glance".
+    """
+    from wsbook.experiments import posterior_flows as pf
+
+    rows: dict[tuple[str, str], dict] = {}
+
+    def add(chapter: str, measure: str, networks: str, mean: float, se: float, criterion: str, verdict: str):
+        rows[chapter, measure] = dict(zip(VERDICT_COLUMNS, (networks, float(mean), float(se), criterion, verdict)))
+
+    def zoo_rows(chapter: str, table: pd.DataFrame, measures: tuple[str, ...]) -> None:
+        chosen, row = table.attrs["selected"], table.loc[table.attrs["selected"]]
+        mmd_goal, (nn_goal, nn_floor) = table.attrs["mmd_goal"], table.attrs["nn_goal"]
+        gap = table.attrs["accuracy_gap"] or 0.0          # the zoo tables that judge an accuracy gap set it
+        criteria = {
+            "MMD² verdict": ("MMD² over the perfect generator's", "mmd_ratio", f"at most {mmd_goal:g}"),
+            "memorisation verdict": ("nearest-neighbour ratio", "nn_ratio",
+                                     f"at least {nn_goal:g}, mean - 2 se at least {nn_floor:g}"),
+            "accuracy verdict": ("accuracy", "accuracy", "no worse than the zoo's checkpoints (level or better)"),
+            "BMA-64 NLL verdict": ("BMA-64 NLL", "bma_nll", "no worse than the zoo's checkpoints (level or better)"),
+            "gap verdict": ("accuracy gap", "accuracy", f"within {gap:g} of the zoo's checkpoints"),
+            "MMD² vs baseline": ("MMD² against the plain baseline", "mmd_ratio", "below the plain baseline's"),
+        }
+        for column in measures:
+            measure, value, criterion = criteria[column]
+            add(chapter, measure, chosen, row[value], row[f"{value}_se"], criterion, row[column])
+
+    bc = flows.verdict_table("breast_cancer", flows.breast_cancer_candidates(), *breast_cancer_sizes())
+    zoo_rows("8, breast cancer", bc, ("MMD² verdict", "memorisation verdict", "accuracy verdict",
+                                      "BMA-64 NLL verdict"))
+    zoo_rows("8b, MNIST", mf.verdict_table(), ("gap verdict", "MMD² vs baseline"))
+
+    post = pf.verdict_table("breast_cancer")
+    chosen = post.attrs["selected"]
+    for measure, col in (("TV", "tv"), ("MMD²", "mmd2")):
+        add("8c, posterior", f"{measure} to the test HMC run", chosen, post.loc[chosen, col],
+            post.loc[chosen, f"{col}_se"], f"below mean-field VI's ({post.loc[pf.VI_ROW, col]:.3g})",
+            post.loc[chosen, f"{measure} vs VI"])
+    cost = sampling_cost(("breast_cancer",))["breast_cancer"] if cost is None else cost
+    criterion = f"a sample at least {pf.COST_GOAL:g}x cheaper than an effective HMC sample, training included"
+    if isinstance(cost, str):
+        add("8c, posterior", "cost", "every posterior flow", float("nan"), float("nan"), criterion, "not measured")
+    else:
+        cheapest = cost["ratio_n"].idxmax()
+        add("8c, posterior", "cost", cheapest, cost.loc[cheapest, "ratio_n"], float("nan"), criterion,
+            cost.loc[cheapest, "verdict"])
+
+    zoo_rows("8d, CNN", flows.cnn_verdict_table(), ("gap verdict", "MMD² verdict", "memorisation verdict"))
+    channel = flows.cnn_verdict_table("channel")
+    chosen = channel.attrs["selected"]
+    add("8d, CNN", "equivariant field against the flat one", chosen, channel.loc[chosen, "mmd_ratio"],
+        channel.loc[chosen, "mmd_ratio_se"], "MMD² below the flat baseline's",
+        channel.loc[chosen, "MMD² vs baseline"])
+    wide = flows.cnn_width_transfer()
+    new = wide.loc["flow at the new width"]
+    add("8d, CNN", "channel-width transfer", wide.attrs["chosen"], new["accuracy"],
+        new["accuracy_se"], f"within {flows.ACCURACY_GAP:g} of trained wider CNNs and above the packed ensemble",
+        new["transfer verdict"])
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index = pd.MultiIndex.from_tuples(table.index, names=["chapter", "measure"])
+    return table[list(VERDICT_COLUMNS)]
