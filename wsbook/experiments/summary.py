@@ -97,7 +97,6 @@ def sampling_cost(task_names: tuple[str, ...] = ("breast_cancer", "mnist5k")) ->
     return {task: pf.task_cost(task, tasks.posterior_sample_size(), config.generator()) for task in task_names}
 
 
-
 #: the columns of :func:`verdicts`
 VERDICT_COLUMNS = ("networks", "mean", "se", "criterion", "verdict")
 
