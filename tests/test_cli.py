@@ -172,3 +172,25 @@ def test_registry_lists_the_mnist_flows_chapter_8b_trains(env, monkeypatch, scal
     untrained = set(mf.RECIPES) - set(mf.trained_recipes())
     assert untrained and not listed & {cli.flow_artifact(mf.ZOO, r) for r in untrained}
     assert set(cli.select(["chapter/08b"], registry)) >= wanted
+
+
+@pytest.mark.parametrize("scale", ["ci", "default"])
+def test_chapter_2_group_holds_every_posterior_run_the_chapter_reads(env, monkeypatch, scale):
+    """``chapter/02`` lists every method on every task of chapter 2 at the scale (digits beyond ``ci``), the
+    independent HMC run its tables score against and the chain modes; chapter 8's groups keep only the
+    methods they compare with HMC."""
+    from wsbook.experiments import targets, tasks
+
+    monkeypatch.setenv("WSBOOK_SCALE", scale)
+    registry = cli.artifacts()
+    group = set(cli.select(["chapter/02"], registry))
+    chapter_tasks = ("gap1d", "moons", "breast_cancer") + (("digits",) if scale != "ci" else ())
+    wanted = {f"posterior/{t}/{m}" for t in chapter_tasks for m in tasks.METHODS}
+    wanted |= {"posterior/breast_cancer/reference", "posterior/breast_cancer/chain_modes"}
+    wanted |= {"posterior/digits/reference"} if scale != "ci" else set()
+    assert group == wanted
+    assert ("posterior/digits/hmc" in registry) == (scale != "ci")
+    compared = {f"posterior/breast_cancer/{m}" for m in targets.COMPARED_TO_HMC}
+    for chapter in ("chapter/08", "chapter/08c", "chapter/09"):
+        runs = {n for n in cli.select([chapter], registry) if n.startswith("posterior/")}
+        assert runs == compared, chapter

@@ -23,9 +23,10 @@ data is not on disk) are one line on stderr and a non-zero exit code. The option
 the full MNIST from ``WSBOOK_MNIST_DIR``; nothing is downloaded) are listed always, computed when named,
 and left out of groups and patterns, with a note, while their data is missing.
 
-The registry holds every flow the results chapters (8, 8b, 8c, 9) train or sample, with their arguments:
-after ``python -m wsbook chapter/08 chapter/08b chapter/08c`` (or ``all``) they load every ``flows/...``
-entry, which ``make test`` checks by running them under ``WSBOOK_CACHE_STRICT=flows/``
+The registry holds every flow the results chapters (8, 8b, 8c, 8d, 9) train or sample and every posterior
+run of chapter 2, with their arguments: after ``python -m wsbook chapter/02 chapter/08 ...`` (or ``all``) they
+load every ``flows/...``, ``posterior/...`` and ``targets/...`` entry, which ``make test`` checks by running
+the chapters under ``WSBOOK_CACHE_STRICT=flows/,posterior/,targets/``
 (:mod:`wsbook.cache`). The command line itself ignores that variable, and computes as the chapters do
 (torch's deterministic CPU kernels; chapters 8b and 8c's artifacts on one CPU thread).
 """
@@ -69,7 +70,8 @@ class Artifact:
 # Chapters 8, 8b, 8c and 9 call the cached functions of wsbook.experiments, some with arguments of their own
 # (a size set in a cell, a generator's draws). The functions below make the same calls with the same
 # arguments, so that after `python -m wsbook all` those chapters train and sample no flow; tests/gates.py
-# checks it (WSBOOK_STRICT_CHAPTERS=1 runs them with WSBOOK_CACHE_STRICT=flows/ after the command line).
+# checks it (WSBOOK_STRICT_CHAPTERS=1 runs them with WSBOOK_CACHE_STRICT=flows/,posterior/,targets/ after the
+# command line).
 # A value copied from a chapter says which cell it mirrors: when the chapter changes it, that gate fails
 # until it is changed here too.
 BC = "breast_cancer"
@@ -253,10 +255,20 @@ def artifacts() -> dict[str, Artifact]:
             out.append(Artifact(f"hmc/{task}/{seed}", f"reference HMC posterior of {task}, seed {seed} "
                                 "(chapters 8, 8c)",
                                 lambda task=task, seed=seed: targets.hmc_reference(task, seed)))
-    for method in ("sgld", "sghmc", "vi", "laplace", "ensemble"):
-        out.append(Artifact(f"posterior/breast_cancer/{method}", f"{method} posterior samples (chapters 2, 8)",
-                            lambda method=method: tasks.posterior_run(
-                                "breast_cancer", method, tasks.posterior_sample_size())))
+    # chapter 2 runs every method on its tasks and scores them against an independent HMC run; chapters 8
+    # and 8c read breast cancer's approximate methods (targets.COMPARED_TO_HMC)
+    for task in tasks.chapter_tasks():
+        for method in tasks.METHODS:
+            readers = "chapters 2, 8" if task == BC and method in targets.COMPARED_TO_HMC else "chapter 2"
+            out.append(Artifact(f"posterior/{task}/{method}", f"{method} posterior samples of {task} ({readers})",
+                                lambda task=task, method=method: tasks.posterior_run(
+                                    task, method, tasks.posterior_sample_size())))
+        if task in ("breast_cancer", "digits"):
+            out.append(Artifact(f"posterior/{task}/reference", f"the independent HMC run chapter 2 scores the "
+                                f"methods of {task} against (seed 1)", lambda task=task: tasks.posterior_run(
+                                    task, "hmc", tasks.reference_sample_size(), seed=1)))
+    out.append(Artifact("posterior/breast_cancer/chain_modes", "the HMC chains of breast cancer, mode by mode "
+                        "(chapter 2)", lambda: tasks.chain_modes(BC)))
 
     def train_and_sample(target: str, name: str) -> Callable[[], Any]:
         def run():
@@ -342,8 +354,9 @@ def artifacts() -> dict[str, Artifact]:
 
 
 def groups() -> dict[str, Callable[[], list[str]]]:
-    """Named groups of artifacts (evaluated at the current scale: chapter 8b's recipes depend on it)."""
-    from wsbook.experiments import flows, mnist_flows as mf, posterior_flows as pf, targets
+    """Named groups of artifacts (evaluated at the current scale: chapter 8b's recipes and chapter 2's tasks
+    depend on it)."""
+    from wsbook.experiments import flows, mnist_flows as mf, posterior_flows as pf, targets, tasks
 
     def zoos() -> list[str]:
         return [f"zoo/{z}" for z in targets.MLP_ZOOS]
@@ -351,22 +364,26 @@ def groups() -> dict[str, Callable[[], list[str]]]:
     def mnist_flows() -> list[str]:
         return [flow_artifact(mf.ZOO, r) for r in mf.trained_recipes()]
 
+    def compared() -> list[str]:
+        return [f"posterior/{BC}/{m}" for m in targets.COMPARED_TO_HMC]
+
     return {
         "all": lambda: ["*"],
         "zoos": lambda: ["zoo/*"],
         "hmc": lambda: ["hmc/*"],
         "flows": lambda: ["flow/*"],
         # chapter 8 reads every zoo and both HMC runs of both tasks
-        "chapter/08": lambda: [*zoos(), "hmc/*", "posterior/breast_cancer/*",
+        "chapter/02": lambda: [f"posterior/{task}/*" for task in tasks.chapter_tasks()],
+        "chapter/08": lambda: [*zoos(), "hmc/*", *compared(),
                                "flow/breast_cancer/*", "verdict/breast_cancer*"],
         "chapter/08b": lambda: ["zoo/mnist5k", "zoo/mnist5k_w32", *mnist_flows(), "verdict/mnist5k*",
                                 "flow/mnist/guidance", "flow/mnist/width_transfer", "flow/mnist/second_task",
                                 "flow/mnist/field_size", "flow/mnist/training_accuracy"],
         "chapter/08d": lambda: ["zoo/cnn_digits", "zoo/cnn_digits_w16", "flow/cnn/*", "verdict/cnn_digits*"],
-        "chapter/08c": lambda: ["zoo/breast_cancer", "hmc/breast_cancer/*", "hmc/mnist5k/0",
-                                "posterior/breast_cancer/*", "flow/posterior/*", "verdict/posterior*"],
+        "chapter/08c": lambda: ["zoo/breast_cancer", "hmc/breast_cancer/*", "hmc/mnist5k/0", *compared(),
+                                "flow/posterior/*", "verdict/posterior*"],
         # the discussion quotes chapters 8, 8b, 8c and 8d (8d's verdicts and width transfer)
-        "chapter/09": lambda: [*zoos(), "hmc/breast_cancer/*", "hmc/mnist5k/0", "posterior/breast_cancer/*",
+        "chapter/09": lambda: [*zoos(), "hmc/breast_cancer/*", "hmc/mnist5k/0", *compared(),
                                *map(bc_flow_artifact, flows.breast_cancer_candidates()), "verdict/breast_cancer",
                                *mnist_flows(), "verdict/mnist5k", "flow/mnist/width_transfer",
                                *(flow_artifact(f"posterior/{BC}", name) for name in pf.FLOWS),
@@ -522,8 +539,8 @@ class _Parser(argparse.ArgumentParser):
 
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m wsbook", description="Compute and cache the artifacts the chapters read.")
-    p.add_argument("artifacts", nargs="*", help="artifact names, group names (all, zoos, hmc, flows, chapter/08, "
-                   "chapter/08b, chapter/08c, chapter/09) or shell patterns ('flow/mnist/*')")
+    p.add_argument("artifacts", nargs="*", help="artifact names, group names (all, zoos, hmc, flows, chapter/02, "
+                   "chapter/08, chapter/08b, chapter/08c, chapter/08d, chapter/09) or shell patterns ('flow/mnist/*')")
     p.add_argument("--scale", help="ci, default or full (default: WSBOOK_SCALE, else default)")
     p.add_argument("--list", action="store_true", help="list the artifacts and whether each is cached, per scale")
     p.add_argument("--cache-dir", help="the cache directory (default: WSBOOK_CACHE_DIR, else the user cache)")

@@ -505,8 +505,11 @@ def compare_to_reference(probs: Tensor, reference: Tensor, second: Tensor, *, ma
                       tv_floor=float(M.total_variation(second.mean(0), p_ref)), bandwidth=h)
 
 
-def method_probs(task: str, n: int, seed: int = 0, methods: tuple[str, ...] = ("sgld", "sghmc", "vi", "laplace",
-                                                                               "ensemble")) -> dict[str, tuple]:
+#: the approximate posterior methods chapters 8 and 8c set beside the HMC reference
+COMPARED_TO_HMC = ("sgld", "sghmc", "vi", "laplace", "ensemble")
+
+
+def method_probs(task: str, n: int, seed: int = 0, methods: tuple[str, ...] = COMPARED_TO_HMC) -> dict[str, tuple]:
     """Test probabilities ``[n, N, C]`` and wall seconds of every posterior method of :mod:`wsbook.bayes.tasks`
     (the book's cached runs, shared with chapter 2), of the second reference HMC run (``n`` evenly spaced
     draws) and of the task's checkpoint zoo (``n`` random checkpoints): ``{name: (probs, seconds)}``."""

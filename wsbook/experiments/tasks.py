@@ -230,6 +230,21 @@ def posterior_sample_size() -> int:
     return config.by_scale(ci=32, default=128, full=512)
 
 
+def reference_sample_size() -> int:
+    """Samples of the independent HMC run (seed 1) that chapter 2's tables score every method against
+    (:func:`compare_methods`' ``n_reference``), at the current scale."""
+    return config.by_scale(ci=64, default=256, full=2048)
+
+
+#: the tasks chapter 2 runs every method of :data:`METHODS` on (``digits`` only beyond the ``ci`` scale)
+CHAPTER_TASKS = ("gap1d", "moons", "breast_cancer", "digits")
+
+
+def chapter_tasks() -> tuple[str, ...]:
+    """:data:`CHAPTER_TASKS` at the current scale."""
+    return CHAPTER_TASKS if config.scale() != "ci" else CHAPTER_TASKS[:-1]
+
+
 @cached("posterior/run", version=4)   # 3: sgd_trajectory rows draw-major, like every other method
 def posterior_run(task: str, method: str, n: int, seed: int = 0) -> dict:
     """Run ``method`` on ``task`` and keep ``n`` posterior samples (cached).
