@@ -372,8 +372,9 @@ def groups() -> dict[str, Callable[[], list[str]]]:
         "zoos": lambda: ["zoo/*"],
         "hmc": lambda: ["hmc/*"],
         "flows": lambda: ["flow/*"],
-        # chapter 8 reads every zoo and both HMC runs of both tasks
+        # chapter 2 reads every method's posterior run on each of its tasks
         "chapter/02": lambda: [f"posterior/{task}/*" for task in tasks.chapter_tasks()],
+        # chapter 8 reads every zoo, both HMC runs of both tasks and the methods it compares with HMC
         "chapter/08": lambda: [*zoos(), "hmc/*", *compared(),
                                "flow/breast_cancer/*", "verdict/breast_cancer*"],
         "chapter/08b": lambda: ["zoo/mnist5k", "zoo/mnist5k_w32", *mnist_flows(), "verdict/mnist5k*",
