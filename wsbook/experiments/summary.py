@@ -125,14 +125,14 @@ def verdicts(cost: "pd.DataFrame | str | None" = None) -> pd.DataFrame:
     def zoo_rows(chapter: str, table: pd.DataFrame, measures: tuple[str, ...]) -> None:
         chosen, row = table.attrs["selected"], table.loc[table.attrs["selected"]]
         mmd_goal, (nn_goal, nn_floor) = table.attrs["mmd_goal"], table.attrs["nn_goal"]
-        gap = table.attrs["accuracy_gap"] or 0.0          # the zoo tables that judge an accuracy gap set it
+        gap = table.attrs["accuracy_gap"]                  # set by the tables that judge an accuracy gap
         criteria = {
             "MMD² verdict": ("MMD² over the perfect generator's", "mmd_ratio", f"at most {mmd_goal:g}"),
             "memorisation verdict": ("nearest-neighbour ratio", "nn_ratio",
                                      f"at least {nn_goal:g}, mean - 2 se at least {nn_floor:g}"),
             "accuracy verdict": ("accuracy", "accuracy", "level with the zoo's or better"),
             "BMA-64 NLL verdict": ("BMA-64 NLL", "bma_nll", "level with the zoo's or better"),
-            "gap verdict": ("accuracy", "accuracy", f"within {gap:g} of the zoo's"),
+            "gap verdict": ("accuracy", "accuracy", gap is not None and f"within {gap:g} of the zoo's"),
             "MMD² vs baseline": ("MMD² against the plain baseline", "mmd_ratio", "below the plain baseline's"),
         }
         for column in measures:
