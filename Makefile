@@ -30,9 +30,10 @@ book: install
 	WSBOOK_PROGRESS=0 $(PY) -m wsbook.book . -W --keep-going
 	@echo "open _build/html/index.html"
 
-# the chapters gate first runs `python -m wsbook` for chapters 2 and 8-9; the chapters then execute once, in
-# the book gate's build, with WSBOOK_CACHE_STRICT=flows/,posterior/,targets/: a flow, posterior run or target
-# they would compute because the command line does not precompute it fails, as does a cell that raises
+# the chapters gate first runs `python -m wsbook` for chapters 2, 5, 6 and 8-9; the chapters then execute once,
+# in the book gate's build, with WSBOOK_CACHE_STRICT=align/,flows/,models/,posterior/,targets/,zoo/ (every
+# cached function): an entry they would compute because the command line does not precompute it fails, as
+# does a cell that raises
 # (tests/gates.py; `make chapters` runs them under nbval)
 test: install browser-deps
 	CI=$${CI:-1} WSBOOK_SCALE=ci WSBOOK_STRICT_CHAPTERS=$${WSBOOK_STRICT_CHAPTERS:-1} $(PY) tests/gates.py

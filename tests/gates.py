@@ -15,12 +15,12 @@ torch runs on one thread (``OMP_NUM_THREADS=1``), since thread pools of several 
 spin against each other.
 
 With ``WSBOOK_STRICT_CHAPTERS=1`` (``make test`` sets it) the chapters gate first runs ``python -m wsbook`` for
-the command-line groups of the selected chapters (``chapter/02``, ``chapter/08``, ``chapter/08b``, ``chapter/08c``,
-``chapter/08d``, ``chapter/09``) into the gate's cache directory, then runs the chapters (under nbval, or in the
-book build) with ``WSBOOK_CACHE_STRICT`` = :data:`STRICT_PREFIXES` (:mod:`wsbook.cache`): a flow, a posterior run
-or a target (zoo, HMC reference) that a chapter would compute because the command line does not precompute it
-fails that chapter instead. Chapters 5 and 6 still train their own experiments (zoos, aligners, autoencoders
-under other names).
+the command-line groups of the selected chapters (``chapter/02``, ``chapter/05``, ``chapter/06``, ``chapter/08``,
+``chapter/08b``, ``chapter/08c``, ``chapter/08d``, ``chapter/09``) into the gate's cache directory, then runs the
+chapters (under nbval, or in the book build) with ``WSBOOK_CACHE_STRICT`` = :data:`STRICT_PREFIXES`
+(:mod:`wsbook.cache`), which covers every cached function of the library: an entry (a zoo, a trained model, a
+posterior run, a flow) that a chapter would compute because the command line does not precompute it fails that
+chapter instead.
 """
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def gate_unit(extra: list[str]) -> int:
 
 
 #: the artifact-name prefixes that chapters may only load, never compute, in the strict chapters gate
-STRICT_PREFIXES = "flows/,posterior/,targets/"
+STRICT_PREFIXES = "align/,flows/,models/,posterior/,targets/,zoo/"
 
 
 def strict_chapters() -> bool:

@@ -194,3 +194,16 @@ def test_chapter_2_group_holds_every_posterior_run_the_chapter_reads(env, monkey
     for chapter in ("chapter/08", "chapter/08c", "chapter/09"):
         runs = {n for n in cli.select([chapter], registry) if n.startswith("posterior/")}
         assert runs == compared, chapter
+
+
+def test_chapters_5_and_6_groups_run_every_foundation(env):
+    """``chapter/05`` and ``chapter/06`` compute every run of :mod:`wsbook.experiments.foundations`, each an
+    artifact that calls it."""
+    from wsbook.experiments import foundations
+
+    registry = cli.artifacts()
+    for chapter, runs in foundations.RUNS.items():
+        group = cli.select([f"chapter/{chapter}"], registry)
+        assert group == [f"foundations/{chapter}/{name}" for name in runs]
+        assert all(registry[f"foundations/{chapter}/{n}"].compute is run for n, run in runs.items())
+    assert "foundations/06/shifted_zoo_mnist" in registry and "foundations/06/siren_autoencoder_2" in registry

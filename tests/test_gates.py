@@ -36,3 +36,20 @@ def test_make_book_precomputes_the_artifacts_before_the_build():
     precompute = [i for i, line in enumerate(lines) if "-m wsbook all --jobs auto" in line]
     build = [i for i, line in enumerate(lines) if "-m wsbook.book" in line]
     assert len(precompute) == 1 and len(build) == 1 and precompute[0] < build[0], lines
+
+
+def test_strict_prefixes_cover_every_cached_function():
+    """The strict chapters gate refuses to compute any cached entry: every cached function of the library
+    (imported in full) has a name under one of :data:`gates.STRICT_PREFIXES`."""
+    import importlib
+    import pkgutil
+
+    import wsbook
+    from wsbook import cache
+
+    for module in pkgutil.walk_packages(wsbook.__path__, "wsbook."):
+        importlib.import_module(module.name)
+    prefixes = tuple(p for p in gates.STRICT_PREFIXES.split(",") if p)
+    names = {n for n, owner in cache._REGISTRY.items() if owner.startswith("wsbook.")}   # not the tests' own
+    assert {"zoo/trained", "models/trained", "flows/trained", "posterior/run"} <= names
+    assert not {n for n in names if not n.startswith(prefixes)}

@@ -23,12 +23,13 @@ data is not on disk) are one line on stderr and a non-zero exit code. The option
 the full MNIST from ``WSBOOK_MNIST_DIR``; nothing is downloaded) are listed always, computed when named,
 and left out of groups and patterns, with a note, while their data is missing.
 
-The registry holds every flow the results chapters (8, 8b, 8c, 8d, 9) train or sample and every posterior
-run of chapter 2, with their arguments: after ``python -m wsbook chapter/02 chapter/08 ...`` (or ``all``) they
-load every ``flows/...``, ``posterior/...`` and ``targets/...`` entry, which ``make test`` checks by running
-the chapters under ``WSBOOK_CACHE_STRICT=flows/,posterior/,targets/``
-(:mod:`wsbook.cache`). The command line itself ignores that variable, and computes as the chapters do
-(torch's deterministic CPU kernels; chapters 8b and 8c's artifacts on one CPU thread).
+The registry holds every flow the results chapters (8, 8b, 8c, 8d, 9) train or sample, every posterior run
+of chapter 2 and every zoo and model chapters 5 and 6 train (:mod:`wsbook.experiments.foundations`), with their
+arguments: after ``python -m wsbook chapter/02 chapter/05 ...`` (or ``all``) the chapters load every cached
+entry they read, which ``make test`` checks by running them under
+``WSBOOK_CACHE_STRICT=align/,flows/,models/,posterior/,targets/,zoo/`` (:mod:`wsbook.cache`). The command line
+itself ignores that variable, and computes as the chapters do (torch's deterministic CPU kernels; chapters 8b
+and 8c's artifacts on one CPU thread).
 """
 from __future__ import annotations
 
@@ -70,8 +71,7 @@ class Artifact:
 # Chapters 8, 8b, 8c and 9 call the cached functions of wsbook.experiments, some with arguments of their own
 # (a size set in a cell, a generator's draws). The functions below make the same calls with the same
 # arguments, so that after `python -m wsbook all` those chapters train and sample no flow; tests/gates.py
-# checks it (WSBOOK_STRICT_CHAPTERS=1 runs them with WSBOOK_CACHE_STRICT=flows/,posterior/,targets/ after the
-# command line).
+# checks it (WSBOOK_STRICT_CHAPTERS=1 runs them with WSBOOK_CACHE_STRICT set after the command line).
 # A value copied from a chapter says which cell it mirrors: when the chapter changes it, that gate fails
 # until it is changed here too.
 BC = "breast_cancer"
@@ -237,10 +237,17 @@ def mnist_training_accuracy() -> None:
 
 def artifacts() -> dict[str, Artifact]:
     """The registry: every artifact by name (sizes follow the scale at the time ``compute`` runs)."""
-    from wsbook.experiments import (flows, mnist_flows as mf, pipeline, posterior_flows as pf, protocol, summary,
-                                    targets, tasks)
+    from wsbook.experiments import (flows, foundations, mnist_flows as mf, pipeline, posterior_flows as pf,
+                                    protocol, summary, targets, tasks)
 
     out: list[Artifact] = []
+    # chapters 5 and 6 read the zoos and models of wsbook.experiments.foundations, at their settings
+    for chapter, runs in foundations.RUNS.items():
+        for name, run in runs.items():
+            fn = getattr(run, "func", run)
+            args = "".join(f"({a!r})" for a in getattr(run, "args", ()))
+            out.append(Artifact(f"foundations/{chapter}/{name}", f"chapter {int(chapter)}'s "
+                                f"wsbook.experiments.foundations.{fn.__name__}{args}", run))
     for name in targets.ZOOS:
         out.append(Artifact(f"zoo/{name}", f"checkpoint zoo {name} "
                             f"({'chapters 8, 8b' if name in targets.MLP_ZOOS else 'chapter 8d'})",
@@ -325,8 +332,10 @@ def artifacts() -> dict[str, Artifact]:
                         _one_thread(flows.cnn_width_transfer)))
     out.append(Artifact("flow/mnist/guidance", "the best MNIST flow's samples guided by the task loss, every weight "
                         "the validation split chooses from (chapter 8b)", _one_thread(mnist_guidance)))
-    out.append(Artifact("flow/mnist/width_transfer", "784-32-10 samples of the flows trained on 784-10-10 networks "
-                        "(chapters 8b, 9)", _one_thread(mf.width_transfer)))
+    out.append(Artifact("flow/mnist/width_transfer", "784-32-10 samples of the flows trained on 784-10-10 networks, "
+                        f"and the verdict: the width-agnostic flow chosen on validation data, trained with seeds "
+                        f"{protocol.SEEDS}, against trained 784-32-10 networks and packed ensembles (chapters 8b, 9)",
+                        _one_thread(lambda: (mf.width_transfer(), mf.width_transfer_verdict()))))
     out.append(Artifact("flow/mnist/second_task", "the best MNIST flow on permuted MNIST: plain and guided samples, "
                         "SGD runs from them and from the other starts (chapter 8b)", _one_thread(mnist_second_task)))
     out.append(Artifact("flow/mnist/field_size", "geometric_aligned_ot with GNN fields of several widths, trained "
@@ -374,6 +383,9 @@ def groups() -> dict[str, Callable[[], list[str]]]:
         "flows": lambda: ["flow/*"],
         # chapter 2 reads every method's posterior run on each of its tasks
         "chapter/02": lambda: [f"posterior/{task}/*" for task in tasks.chapter_tasks()],
+        # chapters 5 and 6 read their zoos and trained models (wsbook.experiments.foundations)
+        "chapter/05": lambda: ["foundations/05/*"],
+        "chapter/06": lambda: ["foundations/06/*"],
         # chapter 8 reads every zoo, both HMC runs of both tasks and the methods it compares with HMC
         "chapter/08": lambda: [*zoos(), "hmc/*", *compared(),
                                "flow/breast_cancer/*", "verdict/breast_cancer*"],
@@ -541,7 +553,8 @@ class _Parser(argparse.ArgumentParser):
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m wsbook", description="Compute and cache the artifacts the chapters read.")
     p.add_argument("artifacts", nargs="*", help="artifact names, group names (all, zoos, hmc, flows, chapter/02, "
-                   "chapter/08, chapter/08b, chapter/08c, chapter/08d, chapter/09) or shell patterns ('flow/mnist/*')")
+                   "chapter/05, chapter/06, chapter/08, chapter/08b, chapter/08c, chapter/08d, chapter/09) or shell "
+                   "patterns ('flow/mnist/*')")
     p.add_argument("--scale", help="ci, default or full (default: WSBOOK_SCALE, else default)")
     p.add_argument("--list", action="store_true", help="list the artifacts and whether each is cached, per scale")
     p.add_argument("--cache-dir", help="the cache directory (default: WSBOOK_CACHE_DIR, else the user cache)")

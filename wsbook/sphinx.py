@@ -46,7 +46,8 @@ TIME_COLUMNS = ("chapter", "scale", "seconds", "machine", "date")
 BOX_SCALES = ("ci", "default")
 #: The chapters whose artifacts ``python -m wsbook chapter/<prefix>`` computes ahead (the groups of
 #: ``wsbook.cli.groups``; a test keeps the two in step, the ground floor cannot import the CLI).
-PRECOMPUTE_GROUPS = ("chapter/02", "chapter/08", "chapter/08b", "chapter/08c", "chapter/08d", "chapter/09")
+PRECOMPUTE_GROUPS = ("chapter/02", "chapter/05", "chapter/06", "chapter/08", "chapter/08b", "chapter/08c",
+                     "chapter/08d", "chapter/09")
 #: The environment variable that names the book's repository (wins over ``repository.url``).
 REPOSITORY_ENV = "WSBOOK_REPOSITORY_URL"
 #: The repository jupyter-book fills in when ``_config.yml`` names none: not the book's, never linked.

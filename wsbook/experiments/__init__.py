@@ -12,6 +12,8 @@ the math packages never do.
 * :mod:`~wsbook.experiments.zoos`: trained populations (cached).
 * :mod:`~wsbook.experiments.alignment`: alignment and canonicalization experiments (chapters 5 and 6).
 * :mod:`~wsbook.experiments.graphs`: the generalization-prediction benchmark (chapter 6).
+* :mod:`~wsbook.experiments.foundations`: the zoos and models chapters 5 and 6 train, at their settings per
+  scale (what ``python -m wsbook chapter/05 chapter/06`` precomputes).
 * :mod:`~wsbook.experiments.published`: the one table of published numbers.
 
 Submodules are imported on use (``from wsbook.experiments import tasks``), so a chapter pays only for
