@@ -109,3 +109,58 @@ def test_assembled_networks_average_the_logits_of_whole_members():
         mf.assembled_networks(narrow, spec, wide, 9)
     with pytest.raises(ValueError, match="same"):
         mf.assembled_networks(narrow, spec, MLPSpec((6, 6, 4)), 2)
+
+
+def test_mlp_width_transfer_rows_at_a_tiny_size():
+    """flows.transfer_rows with mf.mlp_widening on a tiny zoo of random 64-3-10 digit MLPs, two unanchored neuron
+    flows trained for 2 steps and a random 'wide' zoo of 64-7-10 MLPs (k = 3 narrow networks per wide one): every
+    row with finite means and standard errors, the verdicts on the flow's row only; a wide sample's outgoing
+    weights are scaled by h / H."""
+    import math
+
+    from wsbook.experiments import protocol
+    from wsbook.weightflow import EuclideanChart, NeuronField, WeightFlow
+
+    spec, wide_spec = MLPSpec((64, 3, 10)), MLPSpec((64, 7, 10))
+    cfg = targets.ZooConfig("digits", spec.widths, "sgd", 0.1, epochs=1, discard_epochs=0, every=1)
+
+    def gen(seed):
+        return torch.Generator().manual_seed(seed)
+
+    def fake_zoo(s, runs, per_run, seed):
+        n = runs * per_run
+        return targets.Zoo("tiny", s, s.init(n, generator=gen(seed)), torch.arange(runs).repeat_interleave(per_run),
+                           torch.arange(per_run).repeat(runs) + 1, cfg, 0.0)
+
+    split = protocol.split_runs(fake_zoo(spec, 7, 3, 0), 2)
+    trained = {}
+    for seed in (1, 2):
+        flow = WeightFlow(EuclideanChart(spec), NeuronField(spec, hidden=8), coupling="ot", align_pairs=True)
+        flow.fit(split.train.theta, steps=2, batch_size=4, generator=gen(seed))
+        trained[seed] = flow
+    widening = mf.mlp_widening(spec, wide_spec)
+    assert widening.k == 3
+    theta = wide_spec.init(2, generator=gen(3))
+    scaled = widening.rescale(theta)
+    assert torch.allclose(wide_spec.weights(scaled)[1], wide_spec.weights(theta)[1] * 3 / 7)
+    assert torch.equal(wide_spec.weights(scaled)[0], wide_spec.weights(theta)[0])
+    assert widening.pack(spec.init(6, generator=gen(4)), 0).shape == (2, wide_spec.n_params)
+    out = flows.transfer_rows(split, fake_zoo(wide_spec, 2, 3, 1), trained, n=4, steps=2,
+                              accuracy_gap=flows.ACCURACY_GAP, widening=widening)
+    rows = out["rows"]
+    assert list(rows) == list(flows.TRANSFER_ROWS) and out["k"] == 3 and out["wide_widths"] == [64, 7, 10]
+    for row in rows.values():
+        for col in ("accuracy", "nll", "bma_accuracy"):
+            assert math.isfinite(row[col]) and math.isfinite(row[f"{col}_se"]) and row[f"{col}_se"] >= 0
+    assert rows["flow at the new width"]["transfer verdict"] in protocol.VERDICTS
+    assert rows["probability average"]["gap verdict"] == "—"
+
+
+def test_width_transfer_flow_is_chosen_among_width_agnostic_recipes_on_validation(monkeypatch):
+    """The width-transfer verdict's flow: the most accurate on the validation split among the table's recipes
+    that sample other widths, never an anchored one however accurate."""
+    accuracy = {mf.TRANSFER: 0.7, mf.UNANCHORED_GNN: 0.75, mf.NEURON_ANCHORED: 0.9}
+    monkeypatch.setattr(mf, "validation_accuracy", lambda r: accuracy.get(r, 0.0))
+    assert mf.width_transfer_choice() == mf.UNANCHORED_GNN
+    accuracy[mf.TRANSFER] = 0.8
+    assert mf.width_transfer_choice() == mf.TRANSFER

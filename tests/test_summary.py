@@ -33,8 +33,12 @@ def test_verdicts_carry_each_tables_verdict_for_the_flow_it_chose(monkeypatch):
     monkeypatch.setattr(pf, "verdict_table", lambda task: post)
     wide = pd.DataFrame({"flow at the new width": {"accuracy": 0.4, "accuracy_se": 0.02,
                                                    "transfer verdict": "missed"}}).T
-    wide.attrs["chosen"] = "channel flow"
+    wide.attrs.update(chosen="channel flow", accuracy_gap=0.03)
     monkeypatch.setattr(flows, "cnn_width_transfer", lambda: wide)
+    mlp_wide = pd.DataFrame({"flow at the new width": {"accuracy": 0.8, "accuracy_se": 0.01,
+                                                       "transfer verdict": "level"}}).T
+    mlp_wide.attrs.update(chosen="neuron flow", accuracy_gap=0.03)
+    monkeypatch.setattr(mf, "width_transfer_verdict", lambda: mlp_wide)
 
     cost = pd.DataFrame({"ratio_n": [0.5, 2.0], "verdict": ["missed", "met only over 10x the samples"]},
                         index=["slow flow", "fast flow"])
@@ -45,6 +49,10 @@ def test_verdicts_carry_each_tables_verdict_for_the_flow_it_chose(monkeypatch):
     assert bc.loc["nearest-neighbour ratio", "mean"] == 1.01 and bc.loc["BMA-64 NLL", "se"] == 0.02
     assert "at most 2" in bc.loc["MMD² over the perfect generator's", "criterion"]
     mn = table.loc["8b, MNIST"]
+    wide_row = mn.loc["width transfer to 784-32-10"]
+    assert wide_row["verdict"] == "level" and wide_row["networks"] == "neuron flow" and wide_row["mean"] == 0.8
+    assert "above packed" in wide_row["criterion"]
+    mn = mn.drop("width transfer to 784-32-10")
     assert set(mn["verdict"]) == {"missed"} and "within 0.03" in mn.loc["accuracy", "criterion"]
     cnn = table.loc["8d, CNN"]
     assert cnn.loc["equivariant field against the flat one", "networks"] == "cnn channel"

@@ -30,6 +30,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -38,7 +39,7 @@ from wsbook import config
 from wsbook.bayes import distances
 from wsbook.cache import KEYLESS_DEFAULT, cached
 from wsbook.experiments import protocol, targets
-from wsbook.nets import train_population
+from wsbook.nets import CNNSpec, train_population
 from wsbook.weightflow import (ChannelField, FitResult, FlatField, GeometricChart, Guidance, NeuronField, WeightFlow,
                                gnn_field, make_chart)
 
@@ -363,20 +364,19 @@ def _transferable(cfg: FlowConfig) -> bool:
 
 
 def transfer_rows(split: protocol.RunSplit, wide: targets.Zoo, trained: dict[int, WeightFlow], n: int, steps: int,
-                  accuracy_gap: float) -> dict:
-    """The computation of :func:`cnn_width_transfer` (uncached): the flows ``trained`` (one per seed, trained on
-    the networks of ``split``) against the trained wider zoo ``wide``, every set drawn with ``n`` networks and
-    ``steps`` midpoint steps from the source points of seed ``seed + 1``. Returns ``{"rows": {row: columns},
-    "k", "n", "seeds", ...}`` (the columns of :func:`cnn_width_transfer`)."""
-    from wsbook.nets import pack_cnns
-
+                  accuracy_gap: float, widening: WidthChange | None = None) -> dict:
+    """The computation of a width-transfer verdict (:func:`cnn_width_transfer`,
+    :func:`wsbook.experiments.mnist_flows.width_transfer_verdict`; uncached): the flows ``trained`` (one per
+    seed, trained on the networks of ``split``) against the trained wider zoo ``wide``, every set drawn with
+    ``n`` networks and ``steps`` midpoint steps from the source points of seed ``seed + 1``. ``widening`` says
+    how ``k`` narrow networks make one wide one and how a sample at the new width is rescaled (default: CNNs',
+    :func:`cnn_widening`). Returns ``{"rows": {row: columns}, "k", "n", "seeds", ...}`` (the columns of
+    :func:`cnn_width_transfer`)."""
     if len(trained) < 2:
         raise ValueError("transfer_rows: a standard error needs flows of at least 2 seeds")
     spec, wide_spec, ds = split.spec, wide.spec, split.data
-    k = wide_spec.channels[0] // spec.channels[0]
-    if tuple(c * k for c in spec.channels) != wide_spec.channels:
-        raise ValueError(f"transfer_rows: {wide_spec} does not have {k} times the channels of {spec}")
-    y = ds.y_test
+    widening = widening or cnn_widening(spec, wide_spec)
+    k, y = widening.k, ds.y_test
 
     def probs(s, theta):
         return targets.predictive_probs(s, theta, ds.x_test)
@@ -394,12 +394,10 @@ def transfer_rows(split: protocol.RunSplit, wide: targets.Zoo, trained: dict[int
         pick = torch.linspace(0, len(theta) - 1, min(WIDE_CHECKPOINTS, len(theta))).round().long()
         per["trained wide zoo"].append(scores(probs(wide_spec, theta[pick.to(theta.device)]), run))
     for seed, flow in trained.items():
-        theta = draw(flow.with_spec(wide_spec), n, seed + 1)
-        ws, bs = wide_spec.weights(theta), wide_spec.biases(theta)
-        theta = wide_spec.pack([ws[0], *(w / k for w in ws[1:])], bs)       # sums over channels stay averages
+        theta = widening.rescale(draw(flow.with_spec(wide_spec), n, seed + 1))
         per["flow at the new width"].append(scores(probs(wide_spec, theta), seed))
         narrow = draw(flow, n * k, seed + 1)                                 # k independent members per network
-        per["packed ensemble"].append(scores(probs(wide_spec, pack_cnns(spec, narrow, k)[1]), seed))
+        per["packed ensemble"].append(scores(probs(wide_spec, widening.pack(narrow, seed)), seed))
         members = probs(spec, narrow)
         per["probability average"].append(scores(members.reshape(n, k, *members.shape[1:]).mean(1), seed))
         per["flow at its training width"].append(scores(members[::k], seed))
@@ -417,8 +415,71 @@ def transfer_rows(split: protocol.RunSplit, wide: targets.Zoo, trained: dict[int
                 "missed" if "missed" in (gap, above) else "level"}
     for label in rows:
         rows[label].update({c: (v if label == "flow at the new width" else "—") for c, v in verdicts.items()})
-    return {"rows": rows, "k": k, "n": n, "seeds": list(trained), "narrow_channels": list(spec.channels),
-            "wide_channels": list(wide_spec.channels), "wide_runs": len(wide.runs), "accuracy_gap": accuracy_gap}
+    return {"rows": rows, "k": k, "n": n, "seeds": list(trained), "wide_runs": len(wide.runs),
+            "accuracy_gap": accuracy_gap, **widening.attrs}
+
+
+#: how a sentence says a verdict of a goal
+GOAL_WORDS = {"met": "meets", "level": "is level with", "missed": "misses"}
+
+
+def transfer_readings(table, wide: str) -> dict[str, str]:
+    """The sentences that read a width-transfer verdict table (:func:`cnn_width_transfer`,
+    :func:`wsbook.experiments.mnist_flows.width_transfer_verdict`); ``wide`` names the wider networks
+    (``"16-channel CNNs"``). Returns ``{"accuracy": {row: "mean ± se"}, "reading": the flow at the new width
+    against the trained wider networks and the packed ensemble with the verdicts, "context": the same flow at
+    its training width, "goal": how the transfer stands to its goal ("meets", "is level with", "misses")}``."""
+    gap = table.attrs["accuracy_gap"]
+    new, own = table.loc["flow at the new width"], table.loc["flow at its training width"]
+    acc = {r: f"{table.loc[r, 'accuracy']:.3f} ± {table.loc[r, 'accuracy_se']:.3f}" for r in table.index}
+    gap_words = {"met": f"within {gap:g} of the trained networks",
+                 "level": f"neither clearly within nor clearly beyond {gap:g} of the trained networks",
+                 "missed": f"more than {gap:g} below the trained networks"}[new["gap verdict"]]
+    packed_words = {"met": "more accurate than the packed ensemble",
+                    "level": "about as accurate as the packed ensemble",
+                    "missed": "less accurate than the packed ensemble"}[new["vs packed ensemble"]]
+    goal = GOAL_WORDS[new["transfer verdict"]]
+    reading = (f"Sampled as {wide}, the flow's networks score {acc['flow at the new width']} against "
+               f"{acc['trained wide zoo']} for trained {wide} and {acc['packed ensemble']} for the packed ensemble: "
+               f"{gap_words} and {packed_words} (beyond two standard errors where not level), so the transfer "
+               f"{goal} its goal.")
+    own_verdict = protocol.versus(new["accuracy"], new["accuracy_se"], own["accuracy"], own["accuracy_se"], "higher")
+    context = {"met": "They are more accurate than the same flow's networks at its training width "
+                      f"({acc['flow at its training width']}): widening adds to what the flow learned.",
+               "level": f"At its training width the same flow's networks score {acc['flow at its training width']}: "
+                        "the wider networks are about as accurate as the flow's own.",
+               "missed": f"At its training width the same flow's networks score {acc['flow at its training width']}: "
+                         "widening loses part of what the flow learned."}[own_verdict]
+    return {"accuracy": acc, "reading": reading, "context": context, "goal": goal}
+
+
+@dataclass(frozen=True)
+class WidthChange:
+    """How a width transfer widens networks: ``k`` narrow networks make one wide one (``pack(narrow [n * k, D],
+    seed)`` -> ``[n, D_wide]``), and ``rescale(theta)`` divides the layers that read the new units of a sample at
+    the new width so that their sums stay averages; ``attrs`` describes both widths for the table."""
+
+    k: int
+    pack: Callable[[Tensor, int], Tensor]
+    rescale: Callable[[Tensor], Tensor]
+    attrs: dict
+
+
+def cnn_widening(spec: CNNSpec, wide_spec: CNNSpec) -> WidthChange:
+    """:class:`WidthChange` for CNNs whose every layer has ``k`` times the channels: ``k`` networks packed side by
+    side (:func:`~wsbook.nets.pack_cnns`), every layer after the first divided by ``k``."""
+    from wsbook.nets import pack_cnns
+
+    k = wide_spec.channels[0] // spec.channels[0]
+    if tuple(c * k for c in spec.channels) != wide_spec.channels:
+        raise ValueError(f"transfer_rows: {wide_spec} does not have {k} times the channels of {spec}")
+
+    def rescale(theta: Tensor) -> Tensor:
+        ws, bs = wide_spec.weights(theta), wide_spec.biases(theta)
+        return wide_spec.pack([ws[0], *(w / k for w in ws[1:])], bs)
+
+    return WidthChange(k, lambda narrow, seed: pack_cnns(spec, narrow, k)[1], rescale,
+                       {"narrow_channels": list(spec.channels), "wide_channels": list(wide_spec.channels)})
 
 
 @cached("flows/cnn_width_transfer", version=1)
@@ -988,5 +1049,6 @@ __all__ = ["FlowConfig", "fit_recipe", "flow_config", "extended_config", "EXTEND
            "verdict_seed", "verdict_table", "breast_cancer_candidates", "cnn_candidates", "cnn_sizes",
            "cnn_verdict_table", "cnn_verdict_candidates", "ACCURACY_GAP", "SOURCES",
            "CNN_MEAN_SOURCE_SIGMA",
-           "CNN_WIDE_ZOO", "TRANSFER_ROWS", "cnn_width_transfer", "transfer_rows",
+           "CNN_WIDE_ZOO", "TRANSFER_ROWS", "cnn_width_transfer", "transfer_rows", "WidthChange", "cnn_widening",
+           "GOAL_WORDS", "transfer_readings",
            "nn_ratio_interval", "steps_curve", "adam_curve"]

@@ -459,6 +459,66 @@ def width_transfer(seed: int = 0) -> dict[str, dict]:
     return rows
 
 
+#: the recipes whose field samples other hidden widths without an anchor (:func:`width_transfer_verdict`)
+WIDTH_AGNOSTIC = (TRANSFER, UNANCHORED_GNN)
+
+
+def width_transfer_choice() -> str:
+    """The flow of :func:`width_transfer_verdict`: of the table's width-agnostic recipes, the one whose seed-0
+    networks are most accurate on the validation split of the data."""
+    return max((r for r in budget().recipes if r in WIDTH_AGNOSTIC), key=validation_accuracy)
+
+
+def width_transfer_verdict(seeds: tuple[int, ...] = protocol.SEEDS):
+    """The width-transfer verdict: the flow of :func:`width_transfer_choice`, trained on 784-10-10 networks with
+    each of ``seeds`` (as :func:`verdict_seed` trains), samples 784-32-10 networks without guidance, read
+    against the trained 784-32-10 zoo (one unit per run) and against the packed-ensemble baselines built from
+    ``k`` of its own narrow samples (:func:`assembled_networks` and the probability average), on the MNIST test
+    set (:func:`wsbook.experiments.flows.transfer_rows`; outgoing weights of every wide sample scaled by
+    ``h / H`` so that they average). Returns the DataFrame of
+    :func:`wsbook.experiments.flows.cnn_width_transfer`'s columns, ``attrs`` with the flow (``chosen``)."""
+    import pandas as pd
+
+    chosen = width_transfer_choice()
+    b = budget()
+    wide = targets.ZOOS[WIDE_ZOO]
+    out = _width_transfer_verdict(recipe_config(chosen, b), b, targets.ZOOS[ZOO], wide, tuple(int(s) for s in seeds),
+                                  flows.ACCURACY_GAP)
+    table = pd.DataFrame(out["rows"]).T.loc[list(flows.TRANSFER_ROWS)]
+    table.attrs.update({k: v for k, v in out.items() if k != "rows"}, chosen=chosen)
+    return table
+
+
+@cached("flows/mnist/width_verdict", version=1)
+def _width_transfer_verdict(cfg: flows.FlowConfig, b: Budget, zoo: targets.ZooConfig, wide: targets.ZooConfig,
+                            seeds: tuple[int, ...], accuracy_gap: float) -> dict:
+    """:func:`width_transfer_verdict`, cached under the flow's settings, the budget, both zoos and the seeds."""
+    trained = {s: flows.train_flow(ZOO, cfg, n_holdout=b.n_holdout, seed=s).flow for s in seeds}
+    the_split, wide_zoo = split(), targets.zoo(WIDE_ZOO)
+    return flows.transfer_rows(the_split, wide_zoo, trained, b.n_wide, b.sample_steps, accuracy_gap,
+                               mlp_widening(the_split.spec, wide_zoo.spec))
+
+
+def mlp_widening(spec: MLPSpec, wide: MLPSpec) -> "flows.WidthChange":
+    """:class:`~wsbook.experiments.flows.WidthChange` for one-hidden-layer MLPs: ``ceil(H / h)`` narrow networks
+    make one wide one (:func:`assembled_networks`), and a sample at width ``H`` has its outgoing weights scaled
+    by ``h / H``."""
+    h, big = spec.widths[1], wide.widths[1]
+
+    def rescale(theta: Tensor) -> Tensor:
+        (w1, w2), biases = wide.weights(theta), wide.biases(theta)
+        return wide.pack([w1, w2 * h / big], biases)
+
+    k = -(-big // h)
+
+    def pack(narrow: Tensor, seed: int) -> Tensor:
+        gen = torch.Generator().manual_seed(seed)
+        return assembled_networks(narrow, spec, wide, narrow.shape[0] // k, generator=gen)
+
+    return flows.WidthChange(k, pack, rescale, {"narrow_widths": list(spec.widths),
+                                                          "wide_widths": list(wide.widths)})
+
+
 @cached("flows/mnist/trained_on_task", version=1)
 def trained_networks(task: str, widths: tuple[int, ...], n: int, steps: int, seed: int = 0,
                      theta0: Tensor | None = None, every: int | None = None) -> dict:
@@ -604,6 +664,7 @@ def zoo_validation_accuracy() -> tuple[float, float]:
 
 __all__ = ["RECIPES", "TRANSFER", "UNANCHORED_GNN", "NEURON_ANCHORED", "BMA_SIZES", "describe", "Budget", "budget",
            "split", "permuted_mnist", "task_data", "recipe_config", "make_flow", "sample_flow", "probs_of",
-           "bma_curve", "neuron_similarity", "assembled_networks", "width_transfer", "trained_networks",
+           "bma_curve", "neuron_similarity", "assembled_networks", "width_transfer", "WIDTH_AGNOSTIC",
+           "width_transfer_choice", "width_transfer_verdict", "mlp_widening", "trained_networks",
            "init_curves", "field_size_sweep", "N_SNAPSHOTS", "snapshot_steps", "accuracy_along_training",
            "zoo_validation_accuracy"]

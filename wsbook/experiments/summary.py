@@ -105,7 +105,8 @@ def verdicts(cost: "pd.DataFrame | str | None" = None) -> pd.DataFrame:
     """Every criterion the results chapters judge on their test runs, one row each, read from the cached
     verdict tables (:func:`wsbook.experiments.flows.verdict_table` for breast cancer,
     :func:`~wsbook.experiments.mnist_flows.verdict_table`, :func:`~wsbook.experiments.posterior_flows.verdict_table`,
-    :func:`~wsbook.experiments.flows.cnn_verdict_table` and :func:`~wsbook.experiments.flows.cnn_width_transfer`)
+    :func:`~wsbook.experiments.flows.cnn_verdict_table` and the width transfers,
+    :func:`~wsbook.experiments.mnist_flows.width_transfer_verdict` and :func:`~wsbook.experiments.flows.cnn_width_transfer`)
     and the breast-cancer cost (``cost``: :func:`sampling_cost`'s entry for breast cancer; computed when
     ``None``). Indexed by (chapter, measure); columns :data:`VERDICT_COLUMNS`: the networks judged (the
     flow each table chose on validation data), the measure's mean and standard error over training seeds
@@ -139,10 +140,16 @@ def verdicts(cost: "pd.DataFrame | str | None" = None) -> pd.DataFrame:
             measure, value, criterion = criteria[column]
             add(chapter, measure, chosen, row[value], row[f"{value}_se"], criterion, row[column])
 
+    def width_row(chapter: str, measure: str, wide: pd.DataFrame) -> None:
+        new = wide.loc["flow at the new width"]
+        add(chapter, measure, wide.attrs["chosen"], new["accuracy"], new["accuracy_se"],
+            f"within {wide.attrs['accuracy_gap']:g} of trained ones, above packed", new["transfer verdict"])
+
     bc = flows.verdict_table("breast_cancer", flows.breast_cancer_candidates(), *breast_cancer_sizes())
     zoo_rows("8, breast cancer", bc, ("MMD² verdict", "memorisation verdict", "accuracy verdict",
                                       "BMA-64 NLL verdict"))
     zoo_rows("8b, MNIST", mf.verdict_table(), ("gap verdict", "MMD² vs baseline"))
+    width_row("8b, MNIST", "width transfer to 784-32-10", mf.width_transfer_verdict())
 
     post = pf.verdict_table("breast_cancer")
     chosen = post.attrs["selected"]
@@ -165,11 +172,7 @@ def verdicts(cost: "pd.DataFrame | str | None" = None) -> pd.DataFrame:
     add("8d, CNN", "equivariant field against the flat one", chosen, channel.loc[chosen, "mmd_ratio"],
         channel.loc[chosen, "mmd_ratio_se"], "MMD² below the flat baseline's",
         channel.loc[chosen, "MMD² vs baseline"])
-    wide = flows.cnn_width_transfer()
-    new = wide.loc["flow at the new width"]
-    add("8d, CNN", "channel-width transfer", wide.attrs["chosen"], new["accuracy"],
-        new["accuracy_se"], f"within {flows.ACCURACY_GAP:g} of trained ones, above packed",
-        new["transfer verdict"])
+    width_row("8d, CNN", "channel-width transfer", flows.cnn_width_transfer())
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index = pd.MultiIndex.from_tuples(table.index, names=["chapter", "measure"])
     return table[list(VERDICT_COLUMNS)]
