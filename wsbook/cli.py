@@ -245,7 +245,7 @@ def artifacts() -> dict[str, Artifact]:
     for chapter, runs in foundations.RUNS.items():
         for name, run in runs.items():
             fn = getattr(run, "func", run)
-            args = "".join(f"({a!r})" for a in getattr(run, "args", ()))
+            args = f"({', '.join(map(repr, run.args))})" if hasattr(run, "args") else ""
             out.append(Artifact(f"foundations/{chapter}/{name}", f"chapter {int(chapter)}'s "
                                 f"wsbook.experiments.foundations.{fn.__name__}{args}", run))
     for name in targets.ZOOS:

@@ -287,24 +287,28 @@ def cnn_autoencoder_split() -> tuple[Tensor, Tensor]:
     return split_by_seed(cnn_checkpoint_zoos()["relu"]["seed"], by_scale(ci=4, default=6, full=16))
 
 
+def cnn_autoencoder(activation: str, encoder: str) -> tuple[nn.Module, float]:
+    """One of chapter 6's CNN autoencoders (a key of :data:`CNN_AUTOENCODERS`), trained 40 / 40 / 150 epochs on
+    the training networks of its activation's :func:`cnn_checkpoint_zoos` (encoder width 16 / 32 / 64, latent
+    32, decoder 256; the reconstruction's loss on 64 digit images per step). Returns ``(autoencoder, training
+    seconds)``."""
+    if (activation, encoder) not in CNN_AUTOENCODERS:
+        raise ValueError(f"cnn_autoencoder: no autoencoder {(activation, encoder)}; one of {list(CNN_AUTOENCODERS)}")
+    fit, _ = cnn_autoencoder_split()
+    spec = dataclasses.replace(cnn_alignment_spec(), activation=activation)
+    model, _, seconds = trained_model(
+        "weight_autoencoder", spec, cnn_checkpoint_zoos()[activation]["theta"][fit],
+        build={"dim": by_scale(ci=16, default=32, full=64), "latent": 32, "decoder_hidden": 256,
+               "canonicalize": CNN_AUTOENCODERS[activation, encoder]},
+        inputs=zoos.digit_images(data.load("digits").x_train), temperature=1.0, data_batch=64,
+        epochs=by_scale(ci=40, default=40, full=150), lr=2e-3, batch_size=32)
+    return model, seconds
+
+
 def cnn_autoencoders() -> dict[tuple[str, str], tuple[nn.Module, float]]:
-    """Chapter 6's CNN autoencoders (:data:`CNN_AUTOENCODERS`), each trained 40 / 40 / 150 epochs on the
-    training networks of its activation's :func:`cnn_checkpoint_zoos` (encoder width 16 / 32 / 64, latent 32,
-    decoder 256; the reconstruction's loss on 64 digit images per step). Returns ``{(activation, encoder):
+    """Every autoencoder of :data:`CNN_AUTOENCODERS` (:func:`cnn_autoencoder`): ``{(activation, encoder):
     (autoencoder, training seconds)}``."""
-    ckpts, (fit, _) = cnn_checkpoint_zoos(), cnn_autoencoder_split()
-    images = zoos.digit_images(data.load("digits").x_train)
-    spec = cnn_alignment_spec()
-    out = {}
-    for (act, enc), canonical in CNN_AUTOENCODERS.items():   # four models of different kinds, not a hot loop
-        model, _, seconds = trained_model(
-            "weight_autoencoder", dataclasses.replace(spec, activation=act), ckpts[act]["theta"][fit],
-            build={"dim": by_scale(ci=16, default=32, full=64), "latent": 32, "decoder_hidden": 256,
-                   "canonicalize": canonical},
-            inputs=images, temperature=1.0, data_batch=64, epochs=by_scale(ci=40, default=40, full=150), lr=2e-3,
-            batch_size=32)
-        out[act, enc] = (model, seconds)
-    return out
+    return {key: cnn_autoencoder(*key) for key in CNN_AUTOENCODERS}
 
 
 #: what ``python -m wsbook chapter/05`` and ``chapter/06`` compute: every run above, by chapter and name
@@ -318,5 +322,7 @@ RUNS: dict[str, dict[str, Callable[[], Any]]] = {
            **{f"shifted_zoo_{s}": functools.partial(shifted_zoo, s) for s in alignment.SHIFTED_DIGITS},
            "trained_cnn_aligner": trained_cnn_aligner,
            **{f"siren_autoencoder_{s}": functools.partial(siren_autoencoder, s) for s in SIREN_AUTOENCODER_SEEDS},
-           "siren_refit": siren_refit, "cnn_autoencoders": cnn_autoencoders},
+           "siren_refit": siren_refit,
+           # one artifact per autoencoder, so that `--jobs` trains them side by side
+           **{f"cnn_autoencoder_{a}_{e}": functools.partial(cnn_autoencoder, a, e) for a, e in CNN_AUTOENCODERS}},
 }
