@@ -51,3 +51,18 @@ def host_reads():
         return Count.n
 
     return count
+
+
+@pytest.fixture
+def fake_zoo():
+    """``fake_zoo(spec, cfg, runs, per_run, seed)``: a :class:`wsbook.experiments.targets.Zoo` named "tiny" of
+    ``runs`` runs of ``per_run`` random networks of ``spec`` each (trained by ``cfg``, in name only)."""
+    import torch
+
+    from wsbook.experiments import targets
+
+    def make(spec, cfg, runs: int, per_run: int, seed: int):
+        theta = spec.init(runs * per_run, generator=torch.Generator().manual_seed(seed))
+        return targets.Zoo("tiny", spec, theta, torch.arange(runs).repeat_interleave(per_run),
+                           torch.arange(per_run).repeat(runs) + 1, cfg, 0.0)
+    return make

@@ -486,7 +486,7 @@ def test_repeated_units_compute_the_network_once_their_readers_are_divided(spec)
     assert moved.sample(2, steps=2, generator=gen(6)).shape == (2, wide.n_params)
 
 
-def test_width_transfer_rows_at_a_tiny_size():
+def test_width_transfer_rows_at_a_tiny_size(fake_zoo):
     """flows.transfer_rows on a tiny zoo of random 1-2-2-10 CNNs, two flows trained for 2 steps and a random
     'wide' zoo of 1-4-4-10 CNNs: every row of TRANSFER_ROWS with finite means and standard errors, and the
     verdicts on the flow's row only."""
@@ -494,20 +494,14 @@ def test_width_transfer_rows_at_a_tiny_size():
 
     spec, wide_spec = CNNSpec(1, (2, 2), 3, 10), CNNSpec(1, (4, 4), 3, 10)
     cfg = targets.CNNZooConfig("digits", (1, 2, 2, 10), "adam", 1e-2, epochs=1, discard_epochs=0, every=1)
-
-    def fake_zoo(s, runs, per_run, seed):
-        n = runs * per_run
-        return targets.Zoo("tiny", s, s.init(n, generator=gen(seed)), torch.arange(runs).repeat_interleave(per_run),
-                           torch.arange(per_run).repeat(runs) + 1, cfg, 0.0)
-
-    split = protocol.split_runs(fake_zoo(spec, 7, 3, 0), 2)
+    split = protocol.split_runs(fake_zoo(spec, cfg, 7, 3, 0), 2)
     trained = {}
     for seed in (1, 2):
         flow = WeightFlow(EuclideanChart(spec), ChannelField(spec, hidden=8, edge_dim=4), coupling="ot",
                           align_pairs=True)
         flow.fit(split.train.theta, steps=2, batch_size=4, generator=gen(seed))
         trained[seed] = flow
-    out = flows.transfer_rows(split, fake_zoo(wide_spec, 2, 3, 1), trained, n=4, steps=2,
+    out = flows.transfer_rows(split, fake_zoo(wide_spec, cfg, 2, 3, 1), trained, n=4, steps=2,
                               accuracy_gap=flows.ACCURACY_GAP)
     rows = out["rows"]
     assert list(rows) == list(flows.TRANSFER_ROWS) and out["k"] == 2 and out["seeds"] == [1, 2]

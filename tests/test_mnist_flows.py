@@ -111,7 +111,7 @@ def test_assembled_networks_average_the_logits_of_whole_members():
         mf.assembled_networks(narrow, spec, MLPSpec((6, 6, 4)), 2)
 
 
-def test_mlp_width_transfer_rows_at_a_tiny_size():
+def test_mlp_width_transfer_rows_at_a_tiny_size(fake_zoo):
     """flows.transfer_rows with mf.mlp_widening on a tiny zoo of random 64-3-10 digit MLPs, two unanchored neuron
     flows trained for 2 steps and a random 'wide' zoo of 64-7-10 MLPs (k = 3 narrow networks per wide one): every
     row with finite means and standard errors, the verdicts on the flow's row only; a wide sample's outgoing
@@ -127,12 +127,7 @@ def test_mlp_width_transfer_rows_at_a_tiny_size():
     def gen(seed):
         return torch.Generator().manual_seed(seed)
 
-    def fake_zoo(s, runs, per_run, seed):
-        n = runs * per_run
-        return targets.Zoo("tiny", s, s.init(n, generator=gen(seed)), torch.arange(runs).repeat_interleave(per_run),
-                           torch.arange(per_run).repeat(runs) + 1, cfg, 0.0)
-
-    split = protocol.split_runs(fake_zoo(spec, 7, 3, 0), 2)
+    split = protocol.split_runs(fake_zoo(spec, cfg, 7, 3, 0), 2)
     trained = {}
     for seed in (1, 2):
         flow = WeightFlow(EuclideanChart(spec), NeuronField(spec, hidden=8), coupling="ot", align_pairs=True)
@@ -145,7 +140,7 @@ def test_mlp_width_transfer_rows_at_a_tiny_size():
     assert torch.allclose(wide_spec.weights(scaled)[1], wide_spec.weights(theta)[1] * 3 / 7)
     assert torch.equal(wide_spec.weights(scaled)[0], wide_spec.weights(theta)[0])
     assert widening.pack(spec.init(6, generator=gen(4)), 0).shape == (2, wide_spec.n_params)
-    out = flows.transfer_rows(split, fake_zoo(wide_spec, 2, 3, 1), trained, n=4, steps=2,
+    out = flows.transfer_rows(split, fake_zoo(wide_spec, cfg, 2, 3, 1), trained, n=4, steps=2,
                               accuracy_gap=flows.ACCURACY_GAP, widening=widening)
     rows = out["rows"]
     assert list(rows) == list(flows.TRANSFER_ROWS) and out["k"] == 3 and out["wide_widths"] == [64, 7, 10]
