@@ -152,10 +152,10 @@ def test_mlp_width_transfer_rows_at_a_tiny_size(fake_zoo):
 
 
 def test_width_transfer_flow_is_chosen_among_width_agnostic_recipes_on_validation(monkeypatch):
-    """The width-transfer verdict's flow: the most accurate on the validation split among the table's recipes
-    that sample other widths, never an anchored one however accurate."""
+    """The width-transfer verdict's flow: the one whose wide samples are most accurate on the validation split
+    among the table's recipes that sample other widths, never an anchored one however accurate."""
     accuracy = {mf.TRANSFER: 0.7, mf.UNANCHORED_GNN: 0.75, mf.NEURON_ANCHORED: 0.9}
-    monkeypatch.setattr(mf, "validation_accuracy", lambda r: accuracy.get(r, 0.0))
+    monkeypatch.setattr(mf, "wide_validation_accuracy", lambda r: accuracy.get(r, 0.0))
     assert mf.width_transfer_choice() == mf.UNANCHORED_GNN
     accuracy[mf.TRANSFER] = 0.8
     assert mf.width_transfer_choice() == mf.TRANSFER

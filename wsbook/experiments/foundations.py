@@ -1,7 +1,7 @@
 """The trained zoos and models of chapters 5 (symmetries) and 6 (weight-space learning), at the chapters'
-settings per scale. Every function here takes no required argument and returns cached results: the
-chapters call them, and ``python -m wsbook chapter/05 chapter/06`` calls the same functions (:data:`RUNS`),
-so that after the command line the chapters train nothing they cache.
+settings per scale. Every function here returns cached results, and every entry of :data:`RUNS` is one of
+them with its arguments: the chapters call them, and ``python -m wsbook chapter/05 chapter/06`` makes the
+same calls, so that after the command line the chapters train nothing they cache.
 
 The settings (widths, pair counts, training steps) grow with the scale (:func:`wsbook.config.by_scale`);
 each docstring gives them as ``ci / default / full``.
@@ -81,9 +81,9 @@ VARIATIONAL_PRIOR_WIDTH = 32
 
 
 def variational_prior_sweep() -> dict[str, Tensor]:
-    """Barriers between variational posteriors against the prior's standard deviation (0.3-1-3 / 0.1 to 3)
-    and the temperature (0.1-1-3 / 0.03 to 3), at width :data:`VARIATIONAL_PRIOR_WIDTH`, with the pairs and
-    steps of :func:`variational_pairs`."""
+    """Barriers between variational posteriors against the prior's standard deviation (0.3-1-3 / 0.1 to 3 /
+    0.1 to 3) and the temperature (0.1-1-3 / 0.03 to 3 / 0.03 to 3), at width
+    :data:`VARIATIONAL_PRIOR_WIDTH`, with the pairs and steps of :func:`variational_pairs`."""
     return alignment.variational_prior_sweep(
         by_scale(ci=[0.3, 1.0, 3.0], default=[0.1, 0.3, 1.0, 3.0], full=[0.1, 0.3, 1.0, 3.0]),
         by_scale(ci=[0.1, 1.0, 3.0], default=[0.03, 0.1, 0.3, 1.0, 3.0], full=[0.03, 0.1, 0.3, 1.0, 3.0]),
@@ -121,8 +121,9 @@ def moons_zoo() -> tuple[MLPSpec, Tensor]:
 
 def generalization_zoo() -> dict[str, Any]:
     """Chapter 6's zoo for predicting generalization (:func:`wsbook.experiments.zoos.digits_zoo`): hidden
-    widths 4, 8 and 16, learning rates 1e-3 and 3e-3 (3e-4 too beyond ci), 4 / 6 / 10 seeds, 200 / 400 /
-    1,000 steps with 4 checkpoints per run, on images average-pooled by ``zoo["pool"]`` (2 / 2 / 1)."""
+    widths 4, 8 and 16, learning rates 1e-3 and 3e-3 (and 3e-4 at default and full), 4 / 6 / 10 seeds,
+    200 / 400 / 1,000 steps with 4 checkpoints per run, on images average-pooled by ``zoo["pool"]``
+    (2 / 2 / 1)."""
     pool = by_scale(ci=2, default=2, full=1)
     zoo = zoos.digits_zoo(hidden_widths=(4, 8, 16),
                           lrs=by_scale(ci=(1e-3, 3e-3), default=(3e-4, 1e-3, 3e-3), full=(3e-4, 1e-3, 3e-3)),
@@ -271,8 +272,8 @@ CNN_AUTOENCODERS = {("relu", "scale_canonical"): True, ("relu", "permutation_onl
 
 
 def cnn_checkpoint_zoos() -> dict[str, dict[str, Tensor]]:
-    """By activation (ReLU, tanh): CNNs of :func:`cnn_alignment_zoo`'s architecture, 24 / 32 / 128 runs
-    over learning rates, trained 300 / 600 / 1,500 steps and kept at 4 checkpoints
+    """By activation (ReLU, tanh): CNNs of :func:`cnn_alignment_zoo`'s architecture, 24 / 32 / 128 runs per
+    learning rate, trained 300 / 600 / 1,500 steps and kept at 4 checkpoints
     (:func:`wsbook.experiments.zoos.cnn_checkpoint_zoo`); both have the same runs."""
     spec = cnn_alignment_spec()
     return {act: zoos.cnn_checkpoint_zoo(dataclasses.replace(spec, activation=act),

@@ -413,14 +413,15 @@ def assembled_networks(narrow: Tensor, spec: MLPSpec, wide: MLPSpec, n: int,
 
 def width_transfer(seed: int = 0) -> dict[str, dict]:
     """Table 7.4: the unanchored flows trained on 784-10-10 networks sampling 784-32-10 networks
-    (:meth:`WeightFlow.with_spec`), scored on the MNIST test set beside trained 784-32-10 networks.
+    (:meth:`WeightFlow.with_spec`), scored on the MNIST test set beside trained 784-32-10 networks. Every
+    unguided sample at the new width has its outgoing weights scaled by the width ratio
+    (:func:`mlp_widening`).
 
     Returns ``{row name: score}`` (:func:`wsbook.experiments.flows.probability_scores`, plus
     :func:`neuron_similarity` and, for flow rows, ``sample_seconds``): the trained zoo (``n_wide`` random
     checkpoints, drawn from ``seed``), wide networks assembled from the neurons of the 784-10-10 training
     checkpoints (:func:`assembled_networks`), :data:`NEURON_ANCHORED` at the new width (its anchor widened
-    by repeating neurons, :meth:`~wsbook.weightflow.NeuronField.with_spec`; outgoing weights scaled by the
-    width ratio), the
+    by repeating neurons, :meth:`~wsbook.weightflow.NeuronField.with_spec`), the
     assembly of ``k`` independent 784-10-10 samples of :data:`NEURON_ANCHORED` (no guidance; ``k`` the
     number of narrow widths the wide one needs) and the probability average of the same ``k`` samples (the
     packed-ensemble baselines an anchored transfer must beat, since its widened anchor repeats the narrow
@@ -438,12 +439,12 @@ def width_transfer(seed: int = 0) -> dict[str, dict]:
     train = split().train
     rows["assembled from 784-10-10 neurons"] = scored(assembled_networks(
         train.theta, train.spec, wide.spec, b.n_wide, generator=torch.Generator().manual_seed(seed)))
-    # the anchored field at the new width (its anchor widened by repeating neurons); every neuron's outgoing
-    # weights are sized for the narrow width, so they are scaled by h / H to average rather than add up
+    # every field's neurons carry outgoing weights sized for the narrow width: an unguided sample at the new
+    # width has them scaled by h / H to average rather than add up (guidance fits a sample's scale itself)
+    rescale = mlp_widening(train.spec, wide.spec).rescale
+    # the anchored field at the new width (its anchor widened by repeating neurons)
     theta, seconds = sample_flow(NEURON_ANCHORED, n=b.n_wide, widths=wide.spec.widths, seed=seed)
-    (w1, w2), (b1, b2) = wide.spec.weights(theta), wide.spec.biases(theta)
-    theta = wide.spec.pack([w1, w2 * train.spec.widths[1] / wide.spec.widths[1]], [b1, b2])
-    rows[f"{NEURON_ANCHORED}, transferred"] = scored(theta, sample_seconds=seconds)
+    rows[f"{NEURON_ANCHORED}, transferred"] = scored(rescale(theta), sample_seconds=seconds)
     k = -(-wide.spec.widths[1] // train.spec.widths[1])
     narrow, seconds = sample_flow(NEURON_ANCHORED, n=b.n_wide * k, seed=seed)
     theta = assembled_networks(narrow, train.spec, wide.spec, b.n_wide, generator=torch.Generator().manual_seed(seed))
@@ -455,7 +456,8 @@ def width_transfer(seed: int = 0) -> dict[str, dict]:
                                                       "sample_seconds": seconds}
     for recipe, guided in ((TRANSFER, None), (TRANSFER, "mnist"), (UNANCHORED_GNN, None)):
         theta, seconds = sample_flow(recipe, n=b.n_wide, widths=wide.spec.widths, guided=guided, seed=seed)
-        rows[f"{recipe}, transferred" + (" + guidance" if guided else "")] = scored(theta, sample_seconds=seconds)
+        rows[f"{recipe}, transferred" + (" + guidance" if guided else "")] = scored(
+            theta if guided else rescale(theta), sample_seconds=seconds)
     return rows
 
 
@@ -465,15 +467,25 @@ WIDTH_AGNOSTIC = (TRANSFER, UNANCHORED_GNN)
 
 def width_transfer_choice() -> str:
     """The flow of :func:`width_transfer_verdict`: of the table's width-agnostic recipes, the one whose seed-0
-    networks are most accurate on the validation split of the data."""
-    return max((r for r in budget().recipes if r in WIDTH_AGNOSTIC), key=validation_accuracy)
+    flow samples the most accurate 784-32-10 networks on the validation split of the data
+    (:func:`wide_validation_accuracy`)."""
+    return max((r for r in budget().recipes if r in WIDTH_AGNOSTIC), key=wide_validation_accuracy)
+
+
+def wide_validation_accuracy(recipe: str) -> float:
+    """Mean accuracy on the data's validation split of the 784-32-10 networks that ``recipe``'s seed-0 flow
+    samples (the draw of :func:`width_transfer`, its outgoing weights scaled by :func:`mlp_widening`)."""
+    wide, spec = MLPSpec(tuple(targets.ZOOS[WIDE_ZOO].widths)), MLPSpec(tuple(targets.ZOOS[ZOO].widths))
+    theta, _ = sample_flow(recipe, n=budget().n_wide, widths=wide.widths)
+    return targets.evaluate(wide, mlp_widening(spec, wide).rescale(theta), data.load(ZOO), bma_k=1,
+                            split="val").accuracy
 
 
 def width_transfer_verdict(seeds: tuple[int, ...] = protocol.SEEDS):
     """The width-transfer verdict: the flow of :func:`width_transfer_choice`, trained on 784-10-10 networks with
     each of ``seeds`` (as :func:`verdict_seed` trains), samples 784-32-10 networks without guidance, read
-    against the trained 784-32-10 zoo (one unit per run) and against the packed-ensemble baselines built from
-    ``k`` of its own narrow samples (:func:`assembled_networks` and the probability average), on the MNIST test
+    against the trained 784-32-10 zoo (one unit per run) and against the two packed-ensemble baselines built
+    from ``k`` of its own narrow samples (:func:`assembled_networks` and the probability average), on the MNIST test
     set (:func:`wsbook.experiments.flows.transfer_rows`; outgoing weights of every wide sample scaled by
     ``h / H`` so that they average). Returns the DataFrame of
     :func:`wsbook.experiments.flows.cnn_width_transfer`'s columns, ``attrs`` with the flow (``chosen``)."""
@@ -482,19 +494,20 @@ def width_transfer_verdict(seeds: tuple[int, ...] = protocol.SEEDS):
     chosen = width_transfer_choice()
     b = budget()
     wide = targets.ZOOS[WIDE_ZOO]
-    out = _width_transfer_verdict(recipe_config(chosen, b), b, targets.ZOOS[ZOO], wide, tuple(int(s) for s in seeds),
-                                  flows.ACCURACY_GAP)
+    out = _width_transfer_verdict(recipe_config(chosen, b), b, targets.ZOOS[ZOO], wide,
+                                  targets.zoo_runs(WIDE_ZOO), tuple(int(s) for s in seeds), flows.ACCURACY_GAP)
     table = pd.DataFrame(out["rows"]).T.loc[list(flows.TRANSFER_ROWS)]
     table.attrs.update({k: v for k, v in out.items() if k != "rows"}, chosen=chosen)
     return table
 
 
-@cached("flows/mnist/width_verdict", version=1)
+@cached("flows/mnist/width_verdict", version=2)   # 2: above both packed ensembles
 def _width_transfer_verdict(cfg: flows.FlowConfig, b: Budget, zoo: targets.ZooConfig, wide: targets.ZooConfig,
-                            seeds: tuple[int, ...], accuracy_gap: float) -> dict:
-    """:func:`width_transfer_verdict`, cached under the flow's settings, the budget, both zoos and the seeds."""
+                            wide_runs: int, seeds: tuple[int, ...], accuracy_gap: float) -> dict:
+    """:func:`width_transfer_verdict`, cached under the flow's settings, the budget, both zoos (the wider one's
+    runs too) and the seeds."""
     trained = {s: flows.train_flow(ZOO, cfg, n_holdout=b.n_holdout, seed=s).flow for s in seeds}
-    the_split, wide_zoo = split(), targets.zoo(WIDE_ZOO)
+    the_split, wide_zoo = split(), targets.zoo(WIDE_ZOO, n_runs=wide_runs)
     return flows.transfer_rows(the_split, wide_zoo, trained, b.n_wide, b.sample_steps, accuracy_gap,
                                mlp_widening(the_split.spec, wide_zoo.spec))
 
@@ -665,6 +678,7 @@ def zoo_validation_accuracy() -> tuple[float, float]:
 __all__ = ["RECIPES", "TRANSFER", "UNANCHORED_GNN", "NEURON_ANCHORED", "BMA_SIZES", "describe", "Budget", "budget",
            "split", "permuted_mnist", "task_data", "recipe_config", "make_flow", "sample_flow", "probs_of",
            "bma_curve", "neuron_similarity", "assembled_networks", "width_transfer", "WIDTH_AGNOSTIC",
-           "width_transfer_choice", "width_transfer_verdict", "mlp_widening", "trained_networks",
+           "width_transfer_choice", "wide_validation_accuracy", "width_transfer_verdict", "mlp_widening",
+           "trained_networks",
            "init_curves", "field_size_sweep", "N_SNAPSHOTS", "snapshot_steps", "accuracy_along_training",
            "zoo_validation_accuracy"]

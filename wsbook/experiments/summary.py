@@ -106,7 +106,8 @@ def verdicts(cost: "pd.DataFrame | str | None" = None) -> pd.DataFrame:
     verdict tables (:func:`wsbook.experiments.flows.verdict_table` for breast cancer,
     :func:`~wsbook.experiments.mnist_flows.verdict_table`, :func:`~wsbook.experiments.posterior_flows.verdict_table`,
     :func:`~wsbook.experiments.flows.cnn_verdict_table` and the width transfers,
-    :func:`~wsbook.experiments.mnist_flows.width_transfer_verdict` and :func:`~wsbook.experiments.flows.cnn_width_transfer`)
+    :func:`~wsbook.experiments.mnist_flows.width_transfer_verdict` and
+    :func:`~wsbook.experiments.flows.cnn_width_transfer`)
     and the breast-cancer cost (``cost``: :func:`sampling_cost`'s entry for breast cancer; computed when
     ``None``). Indexed by (chapter, measure); columns :data:`VERDICT_COLUMNS`: the networks judged (the
     flow each table chose on validation data), the measure's mean and standard error over training seeds
