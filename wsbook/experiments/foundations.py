@@ -15,9 +15,11 @@ from typing import Any, Callable
 from torch import Tensor, nn
 
 from wsbook import data
+from wsbook.cache import cached
 from wsbook.config import by_scale
 from wsbook.experiments import alignment, zoos
-from wsbook.experiments.graphs import split_by_seed, trained_model
+from wsbook.experiments.graphs import generalization_benchmark as fit_predictors, split_by_seed, trained_model
+from wsbook.graphs import FlatMLP, WeightSpaceGNN
 from wsbook.nets import CNNSpec, MLPSpec
 
 # ------------------------------------------------------------------------------------------ chapter 5
@@ -130,6 +132,32 @@ def generalization_zoo() -> dict[str, Any]:
                           n_seeds=by_scale(ci=4, default=6, full=10), steps=by_scale(ci=200, default=400, full=1000),
                           n_checkpoints=4, pool=pool)
     return {**zoo, "pool": pool}
+
+
+def predictor_settings() -> dict[str, Any]:
+    """The models that predict a network's test accuracy from its weights, and their training: PNA and the
+    relational transformer over the neural graph (width 16 / 32 / 64, 2 / 3 / 4 layers, learning rate 3e-3),
+    an MLP of hidden width 64 over the flattened weights and the same MLP on randomly permuted copies of the
+    networks (learning rate 1e-3), each trained 20 / 80 / 200 epochs."""
+    return {"dim": by_scale(ci=16, default=32, full=64), "n_layers": by_scale(ci=2, default=3, full=4),
+            "mlp_hidden": 64, "epochs": by_scale(ci=20, default=80, full=200),
+            "lr": {"pna": 3e-3, "relational_transformer": 3e-3, "mlp": 1e-3, "mlp_augmented": 1e-3},
+            "augmented": ["mlp_augmented"]}
+
+
+def generalization_benchmark() -> dict[str, Any]:
+    """The models of :func:`predictor_settings` trained on :func:`generalization_zoo`'s training runs and scored
+    on its held-out runs (:func:`wsbook.experiments.graphs.generalization_benchmark`), cached."""
+    return _generalization_benchmark(generalization_zoo(), predictor_settings())
+
+
+@cached("models/generalization", version=1)
+def _generalization_benchmark(zoo: dict, settings: dict) -> dict:
+    spec, s = MLPSpec(tuple(zoo["widths"])), settings
+    models = {**{layer: functools.partial(WeightSpaceGNN, spec, layer, dim=s["dim"], n_layers=s["n_layers"])
+                 for layer in ("pna", "relational_transformer")},
+              **{name: functools.partial(FlatMLP, spec.n_params, s["mlp_hidden"]) for name in ("mlp", "mlp_augmented")}}
+    return fit_predictors(zoo, models, epochs=s["epochs"], lr=s["lr"], augmented=s["augmented"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,7 +346,8 @@ RUNS: dict[str, dict[str, Callable[[], Any]]] = {
            "variational_pairs": variational_pairs, "variational_width_sweep": variational_width_sweep,
            "variational_prior_sweep": variational_prior_sweep, "siren_pairs": siren_pairs,
            "hyper_matching": hyper_matching, "moons_zoo": moons_zoo},
-    "06": {"generalization_zoo": generalization_zoo, "trained_aligner": trained_aligner,
+    "06": {"generalization_zoo": generalization_zoo, "generalization_benchmark": generalization_benchmark,
+           "trained_aligner": trained_aligner,
            "aligner_objectives": aligner_objectives,
            **{f"shifted_zoo_{s}": functools.partial(shifted_zoo, s) for s in alignment.SHIFTED_DIGITS},
            "trained_cnn_aligner": trained_cnn_aligner,
