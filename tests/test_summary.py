@@ -51,7 +51,7 @@ def test_verdicts_carry_each_tables_verdict_for_the_flow_it_chose(monkeypatch):
     mn = table.loc["8b, MNIST"]
     wide_row = mn.loc["width transfer to 784-32-10"]
     assert wide_row["verdict"] == "level" and wide_row["networks"] == "neuron flow" and wide_row["mean"] == 0.8
-    assert "above packed" in wide_row["criterion"]
+    assert "above both ensembles" in wide_row["criterion"]
     mn = mn.drop("width transfer to 784-32-10")
     assert set(mn["verdict"]) == {"missed"} and "within 0.03" in mn.loc["accuracy", "criterion"]
     cnn = table.loc["8d, CNN"]

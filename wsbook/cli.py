@@ -552,8 +552,7 @@ class _Parser(argparse.ArgumentParser):
 
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m wsbook", description="Compute and cache the artifacts the chapters read.")
-    p.add_argument("artifacts", nargs="*", help="artifact names, group names (all, zoos, hmc, flows, chapter/02, "
-                   "chapter/05, chapter/06, chapter/08, chapter/08b, chapter/08c, chapter/08d, chapter/09) or shell "
+    p.add_argument("artifacts", nargs="*", help=f"artifact names, group names ({', '.join(groups())}) or shell "
                    "patterns ('flow/mnist/*')")
     p.add_argument("--scale", help="ci, default or full (default: WSBOOK_SCALE, else default)")
     p.add_argument("--list", action="store_true", help="list the artifacts and whether each is cached, per scale")

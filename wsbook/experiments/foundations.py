@@ -257,24 +257,25 @@ def trained_cnn_aligner() -> tuple[nn.Module, Tensor]:
 
 
 def _siren_zoo_settings() -> dict[str, Any]:
-    return {"hidden": 16, "frequency": 5.0, "steps": by_scale(ci=400, default=600, full=1500), "shared_init": True}
+    return {"n_images": by_scale(ci=512, default=1024, full=1024), "hidden": 16, "frequency": 5.0,
+            "steps": by_scale(ci=400, default=600, full=1500), "shared_init": True}
 
 
 def siren_zoo() -> dict[str, Any]:
     """SIRENs ``2-16-16-1`` (frequency 5) of 512 / 1,024 / 1,024 digit images, fitted 400 / 600 / 1,500
     steps from one shared initialisation (:func:`wsbook.experiments.zoos.digit_inr_zoo`); the first
     :func:`siren_fit_count` train the autoencoder."""
-    return zoos.digit_inr_zoo(n_images=by_scale(ci=512, default=1024, full=1024), **_siren_zoo_settings())
+    return zoos.digit_inr_zoo(**_siren_zoo_settings())
 
 
-def siren_fit_count() -> int:
-    """How many of :func:`siren_zoo`'s SIRENs train the autoencoder: the first 80 %."""
-    return int(0.8 * len(siren_zoo()["images"]))
+def siren_fit_count(zoo: dict[str, Any]) -> int:
+    """How many SIRENs of ``zoo`` (:func:`siren_zoo`) train the autoencoder: the first 80 %."""
+    return int(0.8 * len(zoo["images"]))
 
 
 def siren_refit() -> dict[str, Any]:
     """The images of :func:`siren_zoo` fitted a second time, from another shared initialisation (seed 1)."""
-    return zoos.digit_inr_zoo(n_images=len(siren_zoo()["images"]), **_siren_zoo_settings(), seed=1)
+    return zoos.digit_inr_zoo(**_siren_zoo_settings(), seed=1)
 
 
 #: the initial-weight seeds of the SIREN autoencoders chapter 6 trains
@@ -285,7 +286,8 @@ def siren_autoencoder(init_seed: int = 0) -> tuple[nn.Module, Tensor]:
     """The SIREN autoencoder (PNA encoder of width 16 / 32 / 64, 2 layers, latent 32, decoder 256) trained
     30 / 60 / 200 epochs on :func:`siren_zoo`'s first :func:`siren_fit_count` networks, from the initial
     weights of ``init_seed``. Returns ``(autoencoder, history)``."""
-    zoo, n_fit = siren_zoo(), siren_fit_count()
+    zoo = siren_zoo()
+    n_fit = siren_fit_count(zoo)
     spec = MLPSpec(tuple(zoo["widths"]), activation="sine", frequency=zoo["frequency"])
     model, history, _ = trained_model(
         "weight_autoencoder", spec, zoo["theta"][:n_fit], zoo["images"][:n_fit], init_seed=init_seed,

@@ -441,14 +441,13 @@ def width_transfer(seed: int = 0) -> dict[str, dict]:
         train.theta, train.spec, wide.spec, b.n_wide, generator=torch.Generator().manual_seed(seed)))
     # every field's neurons carry outgoing weights sized for the narrow width: an unguided sample at the new
     # width has them scaled by h / H to average rather than add up (guidance fits a sample's scale itself)
-    rescale = mlp_widening(train.spec, wide.spec).rescale
+    widening = mlp_widening(train.spec, wide.spec)
+    rescale, k = widening.rescale, widening.k
     # the anchored field at the new width (its anchor widened by repeating neurons)
     theta, seconds = sample_flow(NEURON_ANCHORED, n=b.n_wide, widths=wide.spec.widths, seed=seed)
     rows[f"{NEURON_ANCHORED}, transferred"] = scored(rescale(theta), sample_seconds=seconds)
-    k = -(-wide.spec.widths[1] // train.spec.widths[1])
     narrow, seconds = sample_flow(NEURON_ANCHORED, n=b.n_wide * k, seed=seed)
-    theta = assembled_networks(narrow, train.spec, wide.spec, b.n_wide, generator=torch.Generator().manual_seed(seed))
-    rows[f"{NEURON_ANCHORED}, composed"] = scored(theta, sample_seconds=seconds)
+    rows[f"{NEURON_ANCHORED}, composed"] = scored(widening.pack(narrow, seed), sample_seconds=seconds)
     # the same k narrow samples as an ensemble: the baseline an anchored transfer has to beat
     members = probs_of(train.spec, narrow[:b.n_wide * k], ds)
     average = members.reshape(b.n_wide, k, *members.shape[1:]).mean(1)
@@ -517,19 +516,17 @@ def mlp_widening(spec: MLPSpec, wide: MLPSpec) -> "flows.WidthChange":
     make one wide one (:func:`assembled_networks`), and a sample at width ``H`` has its outgoing weights scaled
     by ``h / H``."""
     h, big = spec.widths[1], wide.widths[1]
+    k = -(-big // h)
 
     def rescale(theta: Tensor) -> Tensor:
         (w1, w2), biases = wide.weights(theta), wide.biases(theta)
         return wide.pack([w1, w2 * h / big], biases)
 
-    k = -(-big // h)
-
     def pack(narrow: Tensor, seed: int) -> Tensor:
         gen = torch.Generator().manual_seed(seed)
         return assembled_networks(narrow, spec, wide, narrow.shape[0] // k, generator=gen)
 
-    return flows.WidthChange(k, pack, rescale, {"narrow_widths": list(spec.widths),
-                                                          "wide_widths": list(wide.widths)})
+    return flows.WidthChange(k, pack, rescale, {"narrow_widths": list(spec.widths), "wide_widths": list(wide.widths)})
 
 
 @cached("flows/mnist/trained_on_task", version=1)

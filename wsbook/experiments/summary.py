@@ -144,7 +144,8 @@ def verdicts(cost: "pd.DataFrame | str | None" = None) -> pd.DataFrame:
     def width_row(chapter: str, measure: str, wide: pd.DataFrame) -> None:
         new = wide.loc["flow at the new width"]
         add(chapter, measure, wide.attrs["chosen"], new["accuracy"], new["accuracy_se"],
-            f"within {wide.attrs['accuracy_gap']:g} of trained ones, above packed", new["transfer verdict"])
+            f"within {wide.attrs['accuracy_gap']:g} of trained ones, above both ensembles of its narrow samples",
+            new["transfer verdict"])
 
     bc = flows.verdict_table("breast_cancer", flows.breast_cancer_candidates(), *breast_cancer_sizes())
     zoo_rows("8, breast cancer", bc, ("MMD² verdict", "memorisation verdict", "accuracy verdict",
