@@ -90,6 +90,16 @@ def test_list_reflects_the_cache_and_compute_writes_it(env, capsys, one_thread):
     assert len(list((env / "cache").rglob("*.pt"))) == 1
 
 
+def test_list_reads_each_scales_own_registry(env, capsys):
+    """Chapter 8b trains more recipes at ``default`` than at ``ci``: ``--list`` at either scale lists them
+    all, each scale's column read from that scale's registry (``n/a`` where a scale has no such artifact)."""
+    for scale in ("ci", "default"):
+        assert cli.main(["--list", "--scale", scale]) == 0
+        listing = capsys.readouterr().out
+        assert _row(listing, "flow/mnist/euclidean_aligned") == ["n/a", "-", "-"]
+        assert _row(listing, "flow/mnist/geometric_aligned_ot") == ["-", "-", "-"]
+
+
 def test_full_mnist_zoo_is_listed_and_needs_its_files(env, capsys, monkeypatch):
     """zoo/mnist is listed; without WSBOOK_MNIST_DIR (or with a directory lacking a file) naming it is a
     one-line error that says what is missing, and the groups leave it out (nothing is downloaded)."""

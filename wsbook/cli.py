@@ -462,17 +462,27 @@ def _entries(root: Path) -> dict[Path, int]:
 
 
 def list_artifacts(registry: dict[str, Artifact], out=None) -> None:
-    """Print every artifact with ``yes`` / ``-`` per scale (cached or not), then the groups."""
+    """Print every artifact with ``yes`` / ``-`` per scale (cached or not), then the groups.
+
+    Some artifacts exist at some scales only (a table trains more recipes at ``default`` than at ``ci``), so
+    each scale's column reads that scale's own registry; ``n/a`` marks a name that scale does not have.
+    ``registry`` (the current scale's) gives the order and the descriptions; names only other scales have
+    follow it."""
     out = out or sys.stdout
-    width = max(len(n) for n in registry)
+    cached: dict[str, dict[str, bool]] = {}
+    helps = {name: a.help for name, a in registry.items()}
+    for scale in config.SCALES:
+        with config.at_scale(scale):
+            at_scale = artifacts()
+            cached[scale] = {name: is_cached(a) for name, a in at_scale.items()}
+        for name, a in at_scale.items():
+            helps.setdefault(name, a.help)
+    width = max(len(n) for n in helps)
     print(f"cache: {cache.cache_dir()}", file=out)
     print(f"{'artifact':<{width}}  " + "  ".join(f"{s:>7}" for s in config.SCALES) + "  description", file=out)
-    for name, artifact in registry.items():
-        marks = []
-        for scale in config.SCALES:
-            with config.at_scale(scale):
-                marks.append("yes" if is_cached(artifact) else "-")
-        print(f"{name:<{width}}  " + "  ".join(f"{m:>7}" for m in marks) + f"  {artifact.help}", file=out)
+    for name, help in helps.items():
+        marks = [("yes" if cached[s][name] else "-") if name in cached[s] else "n/a" for s in config.SCALES]
+        print(f"{name:<{width}}  " + "  ".join(f"{m:>7}" for m in marks) + f"  {help}", file=out)
     print("groups: " + ", ".join(groups()) + "; shell patterns such as 'flow/mnist/*' work too", file=out)
 
 
