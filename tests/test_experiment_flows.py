@@ -181,6 +181,11 @@ def test_a_source_centred_on_the_training_networks():
     # the training of a table flow centres it the same way
     trained = flows.train_flow("breast_cancer", cfg)
     assert torch.allclose(trained.flow.chart.loc[0], flow.chart.loc[0])
+    # the label of tables reads the scale the chart is built with, the chart's default where none is set
+    assert cfg.source_label == "N(mean network, 0.3²)"
+    plain = flows.build_flow(split.spec, flows.baseline_config(), split.reference)
+    assert flows.baseline_config().source_label == f"N(0, {plain.chart.sigma:g}²)"
+    assert flows.flow_config("geometric").source_label == "uniform on the spheres"
 
 
 def test_the_channel_field_sizes_of_a_flow_config_reach_the_field():

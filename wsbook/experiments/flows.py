@@ -42,6 +42,7 @@ from wsbook.experiments import protocol, targets
 from wsbook.nets import CNNSpec, train_population
 from wsbook.weightflow import (ChannelField, FitResult, FlatField, GeometricChart, Guidance, NeuronField, WeightFlow,
                                gnn_field, make_chart)
+from wsbook.weightflow.charts import DEFAULT_SIGMA
 
 CHARTS = ("euclidean", "normalized", "geometric")
 FIELDS = ("gnn", "flat", "neuron", "channel")
@@ -116,6 +117,15 @@ class FlowConfig:
     # the channel field's; left out of the cache key at their defaults, as ``source``
     edge_dim: int = dataclasses.field(default=16, metadata={KEYLESS_DEFAULT: True})
     attention_layers: int = dataclasses.field(default=0, metadata={KEYLESS_DEFAULT: True})
+
+    @property
+    def source_label(self) -> str:
+        """The source in words, for tables: ``"N(0, 0.1²)"``, ``"N(mean network, 0.03²)"`` or ``"uniform on
+        the spheres"`` (the canonical charts' hidden layers)."""
+        if self.chart != "euclidean":
+            return "uniform on the spheres"
+        sigma = DEFAULT_SIGMA if self.sigma is None else self.sigma
+        return f"N({'mean network' if self.source == 'mean' else 0}, {sigma:g}²)"
 
     def __post_init__(self) -> None:
         if self.chart not in CHARTS:

@@ -201,6 +201,10 @@ class Chart:
         return {}
 
 
+#: the Euclidean chart's default source scale (the thesis's choice for classifiers)
+DEFAULT_SIGMA = 0.1
+
+
 class EuclideanChart(Chart):
     """Weights as they are (optionally aligned to a reference by weight matching first); the flow runs in
     ``R^D`` from the source ``N(0, sigma^2 I)``, or from ``N(loc, diag(sigma^2))`` with a per-weight ``sigma``
@@ -220,7 +224,7 @@ class EuclideanChart(Chart):
 
     kind = "euclidean"
 
-    def __init__(self, spec: NetSpec, sigma: float | Tensor = 0.1, reference: Tensor | None = None,
+    def __init__(self, spec: NetSpec, sigma: float | Tensor = DEFAULT_SIGMA, reference: Tensor | None = None,
                  loc: Tensor | None = None):
         check_spec(spec, "EuclideanChart")
         self.loc = None if loc is None else spec.check(loc, "loc").detach().clone()          # [K, D]
