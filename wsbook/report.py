@@ -28,6 +28,22 @@ def glue(name: str, value: Any, fmt: str | None = None, display: bool = False) -
     myst_glue(name, shown, display=display)
 
 
+def timed_on() -> str:
+    """Where a timing taken now runs, in words for a table's heading or the prose: ``"one CPU thread"``,
+    ``"2 CPU threads"`` or ``"the GPU (NVIDIA H200)"`` (:func:`wsbook.device`, torch's thread count)."""
+    import torch
+
+    from wsbook import config
+
+    device = config.device()
+    if device.type == "cuda":
+        return f"the GPU ({torch.cuda.get_device_name(device)})"
+    if device.type != "cpu":
+        return f"the {device.type} device"
+    threads = torch.get_num_threads()
+    return "one CPU thread" if threads == 1 else f"{threads} CPU threads"
+
+
 def pm(row, column: str, digits: int) -> str:
     """``"mean ± se"`` of a table row holding ``column`` and ``column + "_se"``, to ``digits`` decimals."""
     return f"{row[column]:.{digits}f} ± {row[column + '_se']:.{digits}f}"
