@@ -156,6 +156,35 @@ def test_a_verdict_table_after_its_seeds_trains_nothing():
     assert torch.equal(flows.verdict_seed("breast_cancer", cands, 12, 2, 2)["wide"], drawn["wide"])
 
 
+def test_guided_candidates_are_drawn_with_guidance_and_train_nothing_more():
+    """A guided candidate draws from the flow its config trains (no second training) with task-loss guidance
+    of its weight; the verdict's choice scores it like any flow, and the baseline stays unguided."""
+    from wsbook import cache
+
+    flow = flows.baseline_config(steps=30, hidden=64, batch_size=16)
+    cands = flows.with_guidance({"plain baseline": flows.baseline_config(steps=30, hidden=32, batch_size=16),
+                                 "wide": flow}, (0.5, 2.0))
+    assert list(cands) == ["plain baseline", "wide", "wide, guided λ=0.5", "wide, guided λ=2"]
+    assert cands["wide, guided λ=2"] == flows.Guided(flow, 2.0)
+    with pytest.raises(ValueError, match="positive"):
+        flows.Guided(flow, 0.0)
+    plain = flows.draw("breast_cancer", cands["wide"], 12, 2)[0]
+    guided = flows.draw("breast_cancer", cands["wide, guided λ=2"], 12, 2)[0]
+    assert flows.trained_as(cands["wide, guided λ=2"]) == flows.trained_as(cands["wide"]) == flow
+    assert torch.equal(guided, flows.sample_flow("breast_cancer", flow, 12, steps=2, guidance=2.0)[0])
+    assert not torch.allclose(plain, guided)
+    flows.draw("breast_cancer", cands["plain baseline"], 12, 2)          # every flow trained once, then
+    trained = [r["entry"] for r in cache.compute_log() if r["name"] == "flows/trained"]
+    chosen, validation = flows.verdict_choice("breast_cancer", cands, 12, 2)
+    assert set(validation) == set(cands) and chosen != "plain baseline"
+    assert [r["entry"] for r in cache.compute_log() if r["name"] == "flows/trained"] == trained
+    # chapter 8's candidates: every flow but the plain baseline, also guided with each weight
+    bc = flows.breast_cancer_verdict_candidates()
+    base = flows.breast_cancer_candidates()
+    assert len(bc) == len(base) + (len(base) - 1) * len(flows.BREAST_CANCER_GUIDANCE)
+    assert not any(isinstance(c, flows.Guided) for label, c in bc.items() if label in base)
+
+
 def test_a_source_centred_on_the_training_networks():
     from wsbook import cache
 

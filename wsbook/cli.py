@@ -305,7 +305,7 @@ def artifacts() -> dict[str, Artifact]:
     for s in protocol.SEEDS:
         out.append(Artifact(f"verdict/breast_cancer/seed/{s}", f"seed {s} of chapter 8's test verdict: the flow "
                             "chosen on validation runs and the plain baseline, trained and sampled",
-                            lambda s=s: flows.verdict_seed("breast_cancer", flows.breast_cancer_candidates(),
+                            lambda s=s: flows.verdict_seed("breast_cancer", flows.breast_cancer_verdict_candidates(),
                                                            *summary.breast_cancer_sizes(), s)))
         out.append(Artifact(f"verdict/mnist5k/seed/{s}", f"seed {s} of chapter 8b's test verdict: the MNIST flow "
                             "chosen on validation data and the plain baseline, trained and sampled",
@@ -317,8 +317,7 @@ def artifacts() -> dict[str, Artifact]:
                                 for field in (None, "channel")])))
     out.append(Artifact("verdict/breast_cancer", "the flow chosen on validation runs and the plain baseline, "
                         f"trained with seeds {protocol.SEEDS} and sampled (chapter 8's test verdict)",
-                        lambda: flows.verdict_table("breast_cancer", flows.breast_cancer_candidates(),
-                                                    *summary.breast_cancer_sizes())))
+                        summary.breast_cancer_verdict))
     out.append(Artifact("verdict/mnist5k", "the MNIST flow chosen on validation data and the plain baseline, trained "
                         f"with seeds {protocol.SEEDS} and sampled (chapter 8b's test verdict)",
                         _one_thread(mf.verdict_table)))

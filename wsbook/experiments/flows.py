@@ -230,6 +230,17 @@ def baseline_config(**overrides) -> FlowConfig:
     return flow_config("euclidean", "aligned_ot", field="flat", **overrides)
 
 
+#: the task-loss guidance weights the breast-cancer verdict also draws every flow with (a candidate each,
+#: :func:`with_guidance`; the grid was read on the validation runs, see docs/tuning-log.md)
+BREAST_CANCER_GUIDANCE = (0.3, 1.0)
+
+
+def breast_cancer_verdict_candidates() -> dict[str, "FlowConfig | Guided"]:
+    """What chapter 8's verdict chooses from: every flow of :func:`breast_cancer_candidates`, as drawn and
+    drawn with each guidance weight of :data:`BREAST_CANCER_GUIDANCE` (the plain baseline unguided)."""
+    return with_guidance(breast_cancer_candidates(), BREAST_CANCER_GUIDANCE)
+
+
 def breast_cancer_candidates() -> dict[str, FlowConfig]:
     """Every flow chapter 8 trains on the breast-cancer zoo, by its table label: the nine chart x variant
     flows of the thesis's Table 7.1 with the field that reads whole neurons (:func:`neuron_config`), the
@@ -923,6 +934,50 @@ def test_report(split: protocol.RunSplit, sets: dict[str, list[Tensor]], n: int,
 
 
 
+@dataclass(frozen=True)
+class Guided:
+    """A candidate of a verdict table: the flow ``config``, trained as it is, drawn with task-loss guidance
+    of weight ``weight`` on the full training set (:func:`sample_flow`'s ``guidance``, linear schedule).
+    Guidance is a way of drawing, not of training, so a weight costs no training."""
+
+    config: FlowConfig
+    weight: float
+
+    def __post_init__(self) -> None:
+        if not self.weight > 0:
+            raise ValueError(f"Guided: the guidance weight must be positive; got {self.weight}")
+
+
+def guided_label(label: str, weight: float) -> str:
+    """The table label of flow ``label`` drawn with guidance ``weight``: ``"<label>, guided λ=<weight>"``."""
+    return f"{label}, guided λ={weight:g}"
+
+
+def with_guidance(candidates: dict[str, FlowConfig], weights: tuple[float, ...],
+                  unguided: tuple[str, ...] = ("plain baseline",)) -> dict[str, "FlowConfig | Guided"]:
+    """``candidates`` and, for every one not in ``unguided``, the same flow drawn with each guidance weight
+    of ``weights`` (:class:`Guided`, labelled by :func:`guided_label`): the choice of a verdict table then
+    reads the weight on the validation runs with the flow."""
+    out: dict[str, FlowConfig | Guided] = dict(candidates)
+    for label, cfg in candidates.items():
+        if label not in unguided:
+            out.update({guided_label(label, w): Guided(cfg, float(w)) for w in weights})
+    return out
+
+
+def trained_as(candidate: "FlowConfig | Guided") -> FlowConfig:
+    """The flow a verdict candidate draws from (a :class:`Guided` one draws from its unguided flow)."""
+    return candidate.config if isinstance(candidate, Guided) else candidate
+
+
+def draw(zoo_name: str, candidate: "FlowConfig | Guided", n: int, steps: int, **kwargs) -> tuple[Tensor, float]:
+    """``n`` networks of a verdict candidate (a flow, or a :class:`Guided` one) with ``steps`` solver steps:
+    ``(theta [n, D], seconds)`` as :func:`sample_flow` (``kwargs`` pick the training seed and the source
+    points)."""
+    weight = candidate.weight if isinstance(candidate, Guided) else 0.0
+    return sample_flow(zoo_name, trained_as(candidate), n, steps=steps, guidance=weight, **kwargs)
+
+
 def choose(validation: dict[str, dict]) -> str:
     """The flow the tables choose from its candidates' validation scores (:func:`score` against the validation
     runs): the lowest MMD^2 among those no nearer the training zoo than validation runs are (nearest-neighbour
@@ -930,12 +985,13 @@ def choose(validation: dict[str, dict]) -> str:
     return protocol.select_best(validation, "mmd2", admissible=lambda s: s["nn_ratio"] >= 1)
 
 
-def verdict_table(zoo_name: str, candidates: dict[str, FlowConfig], n: int, steps: int, *,
+def verdict_table(zoo_name: str, candidates: dict[str, FlowConfig | Guided], n: int, steps: int, *,
                   baselines: tuple[str, ...] = ("plain baseline",), seeds: tuple[int, ...] = protocol.SEEDS, **goals):
     """The protocol end to end: choose on validation runs, train the chosen flow over ``seeds``, judge on
     test runs.
 
-    Every candidate's seed-0 sample (``n`` networks, ``steps`` midpoint steps, :func:`sample_flow`) is scored
+    Every candidate's seed-0 sample (``n`` networks, ``steps`` midpoint steps, :func:`draw`: a flow, or a
+    :class:`Guided` one) is scored
     against the validation runs; the chosen flow is the one with the lowest MMD^2 among those no nearer to
     the training zoo than validation runs are (nearest-neighbour ratio at least 1; all candidates when none
     is). The chosen flow and every ``baselines`` label are then trained once per seed of ``seeds`` (fresh
@@ -965,7 +1021,7 @@ def with_floor(table):
     return table
 
 
-def verdict_choice(zoo_name: str, candidates: dict[str, FlowConfig], n: int, steps: int,
+def verdict_choice(zoo_name: str, candidates: dict[str, FlowConfig | Guided], n: int, steps: int,
                    baselines: tuple[str, ...] = ("plain baseline",)) -> tuple[str, dict[str, dict]]:
     """The choice of :func:`verdict_table`: ``(chosen label, every candidate's validation scores)``, each
     candidate's seed-0 sample scored against the validation runs by :func:`score`, the baselines left out of
@@ -974,30 +1030,29 @@ def verdict_choice(zoo_name: str, candidates: dict[str, FlowConfig], n: int, ste
 
 
 @cached("flows/zoo_choice", version=1)
-def _verdict_choice(zoo_name: str, zoo: targets.ZooConfig, candidates: dict[str, FlowConfig], n: int, steps: int,
-                    baselines: tuple[str, ...]) -> tuple[str, dict[str, dict]]:
+def _verdict_choice(zoo_name: str, zoo: targets.ZooConfig, candidates: dict[str, FlowConfig | Guided], n: int,
+                    steps: int, baselines: tuple[str, ...]) -> tuple[str, dict[str, dict]]:
     """:func:`verdict_choice`, cached under the zoo's and the candidates' settings (every training seed of a
     table reads it)."""
     refs = references(zoo_split(zoo_name), n)
-    validation = {label: score(sample_flow(zoo_name, cfg, n, steps=steps)[0], refs)
-                  for label, cfg in candidates.items()}
+    validation = {label: score(draw(zoo_name, cfg, n, steps)[0], refs) for label, cfg in candidates.items()}
     return choose({k: v for k, v in validation.items() if k not in baselines}), validation
 
 
-def verdict_seed(zoo_name: str, candidates: dict[str, FlowConfig], n: int, steps: int, seed: int,
+def verdict_seed(zoo_name: str, candidates: dict[str, FlowConfig | Guided], n: int, steps: int, seed: int,
                  baselines: tuple[str, ...] = ("plain baseline",)) -> dict[str, Tensor]:
     """One training seed of :func:`verdict_table`: the chosen flow (:func:`verdict_choice`) and every baseline
     trained with ``seed`` and sampled from the source points of ``seed + 1`` (both cached), ``{label: theta}``.
     The command line computes each seed on its own (``verdict/<zoo>/seed/<seed>``), so that ``--jobs`` trains
     the seeds side by side."""
     chosen, _ = verdict_choice(zoo_name, candidates, n, steps, baselines)
-    return {label: sample_flow(zoo_name, candidates[label], n, steps=steps, seed=seed, sample_seed=seed + 1)[0]
+    return {label: draw(zoo_name, candidates[label], n, steps, seed=seed, sample_seed=seed + 1)[0]
             for label in (chosen, *baselines)}
 
 
 @cached("flows/zoo_verdict", version=1)
-def _verdict_table(zoo_name: str, zoo: targets.ZooConfig, candidates: dict[str, FlowConfig], n: int, steps: int,
-                   baselines: tuple[str, ...], seeds: tuple[int, ...], goals: dict):
+def _verdict_table(zoo_name: str, zoo: targets.ZooConfig, candidates: dict[str, FlowConfig | Guided], n: int,
+                   steps: int, baselines: tuple[str, ...], seeds: tuple[int, ...], goals: dict):
     """:func:`verdict_table`, cached under the zoo's and the candidates' settings."""
     chosen, validation = verdict_choice(zoo_name, candidates, n, steps, baselines)
     per_seed = [verdict_seed(zoo_name, candidates, n, steps, s, baselines) for s in seeds]

@@ -29,6 +29,13 @@ def breast_cancer_sizes() -> tuple[int, int]:
     return config.by_scale(ci=64, default=128, full=512), flows.solver_steps()
 
 
+def breast_cancer_verdict() -> pd.DataFrame:
+    """Chapter 8's test verdict (:func:`wsbook.experiments.flows.verdict_table`): the flow chosen on the
+    validation runs from :func:`~wsbook.experiments.flows.breast_cancer_verdict_candidates`, and the plain
+    baseline, at the table's sizes (:func:`breast_cancer_sizes`)."""
+    return flows.verdict_table("breast_cancer", flows.breast_cancer_verdict_candidates(), *breast_cancer_sizes())
+
+
 def headline() -> pd.DataFrame:
     """One row per (task, set of networks): accuracy (mean over networks), its gap to the target's, NLL,
     BMA-64 accuracy, the function-space distance to held-out runs (MMD ratio: on breast cancer MMD^2 to
@@ -147,7 +154,7 @@ def verdicts(cost: "pd.DataFrame | str | None" = None) -> pd.DataFrame:
             f"within {wide.attrs['accuracy_gap']:g} of trained ones, above both ensembles of its narrow samples",
             new["transfer verdict"])
 
-    bc = flows.verdict_table("breast_cancer", flows.breast_cancer_candidates(), *breast_cancer_sizes())
+    bc = breast_cancer_verdict()
     zoo_rows("8, breast cancer", bc, ("MMD² verdict", "memorisation verdict", "accuracy verdict",
                                       "BMA-64 NLL verdict"))
     zoo_rows("8b, MNIST", mf.verdict_table(), ("gap verdict", "MMD² vs baseline"))

@@ -76,11 +76,14 @@ FLOW_WORDS = {"euclidean": "Euclidean", "normalized": "Normalized", "geometric":
 def label(name: str) -> str:
     """The readable name of a method, metric or flow identifier (``sgd_trajectory`` -> ``Adam checkpoints``,
     ``neuron_euclidean_aligned_ot`` -> ``neuron field, Euclidean, aligned + OT``; a trailing ``_from_mean``
-    -> ``, source at the mean network``); names that are not
-    identifiers are returned unchanged."""
+    -> ``, source at the mean network``; what follows a comma is kept: ``neuron_euclidean, guided λ=1`` ->
+    ``neuron field, Euclidean, guided λ=1``); names that are not identifiers are returned unchanged."""
     name = str(name)
     if name in METHOD_LABELS:
         return METHOD_LABELS[name]
+    if ", " in name:
+        head, tail = name.split(", ", 1)
+        return f"{label(head)}, {tail}"
     words = name.replace("aligned_ot", "aligned + OT").replace("_from_mean", "_source at the mean network").split("_")
     if any(w in ("euclidean", "normalized", "geometric") for w in words):     # a flow: field, chart, variant
         return ", ".join(FLOW_WORDS.get(w, w) for w in words)
