@@ -178,6 +178,18 @@ def test_guided_candidates_are_drawn_with_guidance_and_train_nothing_more():
     chosen, validation = flows.verdict_choice("breast_cancer", cands, 12, 2)
     assert set(validation) == set(cands) and chosen != "plain baseline"
     assert [r["entry"] for r in cache.compute_log() if r["name"] == "flows/trained"] == trained
+    # the control of a guided draw: the same source points moved by the guidance alone
+    control = flows.guided_source("breast_cancer", cands["wide, guided λ=2"], 12, 2)
+    assert control.shape == guided.shape and not torch.allclose(control, guided)
+    with pytest.raises(TypeError, match="Guided"):
+        flows.guided_source("breast_cancer", flow, 12, 2)
+    trained_flow = flows.train_flow("breast_cancer", flow).flow
+    x0 = trained_flow.chart.sample_source(5, torch.Generator().manual_seed(3))
+    # without the field and without guidance nothing moves the source points
+    assert torch.allclose(trained_flow.sample(5, x0=x0, field=False), trained_flow.chart.to_weights(x0))
+    table = flows.verdict_table("breast_cancer", {"plain baseline": cands["plain baseline"],
+                                                  "wide, guided λ=2": cands["wide, guided λ=2"]}, 12, 2, seeds=(1, 2))
+    assert table.attrs["selected"] == "wide, guided λ=2" and table.loc[flows.GUIDANCE_CONTROL, "seeds"] == 2
     # chapter 8's candidates: every flow but the plain baseline, also guided with each weight
     bc = flows.breast_cancer_verdict_candidates()
     base = flows.breast_cancer_candidates()

@@ -631,6 +631,11 @@ def train_flow(zoo_name: str, cfg: FlowConfig, *, n_holdout: int | None = None, 
 def _sample_flow(zoo_name: str, n_holdout: int | None, split_seed: int, cfg: FlowConfig, seed: int, n: int,
                  steps: int, method: str, guidance: float, guidance_schedule: str, sample_seed: int) -> dict:
     trained = train_flow(zoo_name, cfg, n_holdout=n_holdout, split_seed=split_seed, seed=seed)
+    return _draw_networks(zoo_name, trained.flow, n, steps, method, guidance, guidance_schedule, sample_seed)
+
+
+def _draw_networks(zoo_name: str, flow: WeightFlow, n: int, steps: int, method: str, guidance: float,
+                   guidance_schedule: str, sample_seed: int, field: bool = True) -> dict:
     gen = torch.Generator().manual_seed(sample_seed)
     guide = None
     if guidance > 0:
@@ -639,8 +644,26 @@ def _sample_flow(zoo_name: str, n_holdout: int | None, split_seed: int, cfg: Flo
                          generator=gen)
     start = time.perf_counter()
     with torch.no_grad():
-        theta = trained.flow.sample(n, steps=steps, method=method, generator=gen, guidance=guide)
+        theta = flow.sample(n, steps=steps, method=method, generator=gen, guidance=guide, field=field)
     return {"theta": theta, "seconds": time.perf_counter() - start}
+
+
+@cached("flows/guided_source", version=1)
+def _guided_source(zoo_name: str, cfg: FlowConfig, seed: int, n: int, steps: int, guidance: float,
+                   sample_seed: int) -> dict:
+    flow = train_flow(zoo_name, cfg, seed=seed).flow
+    return _draw_networks(zoo_name, flow, n, steps, "midpoint", guidance, "linear", sample_seed, field=False)
+
+
+def guided_source(zoo_name: str, candidate: "Guided", n: int, steps: int, *, seed: int = 0,
+                  sample_seed: int = 1) -> Tensor:
+    """The control of a guided draw (cached): ``n`` points of the source of ``candidate``'s flow (trained with
+    ``seed``), moved by the same guidance alone with the same solver, the learned field left out
+    (:meth:`WeightFlow.sample` with ``field=False``); the same source points as :func:`draw` with the same
+    ``sample_seed``. If these networks scored like the guided flow's, the guidance would be doing the work."""
+    if not isinstance(candidate, Guided):
+        raise TypeError(f"guided_source: needs a Guided candidate; got {type(candidate).__name__}")
+    return _guided_source(zoo_name, candidate.config, seed, n, steps, candidate.weight, sample_seed)["theta"]
 
 
 def sample_flow(zoo_name: str, cfg: FlowConfig, n: int, *, steps: int = 16, method: str = "midpoint",
@@ -948,6 +971,10 @@ class Guided:
             raise ValueError(f"Guided: the guidance weight must be positive; got {self.weight}")
 
 
+#: the row of a verdict table whose chosen flow is guided: its source moved by the same guidance alone
+GUIDANCE_CONTROL = "the flow's source + the same guidance"
+
+
 def guided_label(label: str, weight: float) -> str:
     """The table label of flow ``label`` drawn with guidance ``weight``: ``"<label>, guided λ=<weight>"``."""
     return f"{label}, guided λ={weight:g}"
@@ -996,8 +1023,9 @@ def verdict_table(zoo_name: str, candidates: dict[str, FlowConfig | Guided], n: 
     the training zoo than validation runs are (nearest-neighbour ratio at least 1; all candidates when none
     is). The chosen flow and every ``baselines`` label are then trained once per seed of ``seeds`` (fresh
     seeds: the draw the choice read is not reused), each seed sampled with its own source points, and
-    :func:`test_report` scores them on the test runs. ``goals`` go to
-    :func:`test_report`.
+    :func:`test_report` scores them on the test runs; when the chosen candidate is :class:`Guided`, the
+    row :data:`GUIDANCE_CONTROL` (its source moved by the same guidance alone, :func:`guided_source`, per
+    seed) is scored beside it. ``goals`` go to :func:`test_report`.
 
     Returns the table of :func:`test_report` with ``attrs["selected"]`` (the chosen label) and
     ``attrs["validation"]`` (every candidate's validation scores).
@@ -1050,13 +1078,16 @@ def verdict_seed(zoo_name: str, candidates: dict[str, FlowConfig | Guided], n: i
             for label in (chosen, *baselines)}
 
 
-@cached("flows/zoo_verdict", version=1)
+@cached("flows/zoo_verdict", version=2)   # 2: a guided choice's control row
 def _verdict_table(zoo_name: str, zoo: targets.ZooConfig, candidates: dict[str, FlowConfig | Guided], n: int,
                    steps: int, baselines: tuple[str, ...], seeds: tuple[int, ...], goals: dict):
     """:func:`verdict_table`, cached under the zoo's and the candidates' settings."""
     chosen, validation = verdict_choice(zoo_name, candidates, n, steps, baselines)
     per_seed = [verdict_seed(zoo_name, candidates, n, steps, s, baselines) for s in seeds]
     sets = {label: [drawn[label] for drawn in per_seed] for label in (chosen, *baselines)}
+    if isinstance(candidates[chosen], Guided):
+        sets[GUIDANCE_CONTROL] = [guided_source(zoo_name, candidates[chosen], n, steps, seed=s, sample_seed=s + 1)
+                                  for s in seeds]
     table = test_report(zoo_split(zoo_name), sets, n, **goals)
     protocol.versus_column(table, "MMD² vs baseline", "mmd_ratio", [chosen], baselines[0])
     table.attrs.update(selected=chosen, validation=validation)

@@ -392,8 +392,10 @@ class WeightFlow:
 
     # ------------------------------------------------------------------------------------ sampling
     def integrate(self, x0: Tensor, *, steps: int = 100, method: str = "euler", guidance: Guidance | None = None,
-                  return_trajectory: bool = False, model: nn.Module | None = None) -> ODEResult:
+                  return_trajectory: bool = False, model: nn.Module | None = None, field: bool = True) -> ODEResult:
         """Integrate the flow from source points ``x0 [B, D]`` (on the chart's manifold) to ``t = 1``.
+        ``field=False`` leaves the learned field out, so ``guidance`` alone moves the points: the control that
+        tells what a guided draw owes to the guidance.
 
         ``steps`` (solver steps; with ``"dopri5"`` they set only the endpoint parametrisation's ``t_eps``) must be
         a positive integer, else ``ValueError``. Points that leave the chart's domain raise ``ValueError``, a
@@ -406,7 +408,7 @@ class WeightFlow:
         def fn(t, x):
             if x.shape[0] == 0:         # no networks: the fields need at least one
                 return torch.zeros_like(x)
-            v = self.velocity(t, x, model, eps)
+            v = self.velocity(t, x, model, eps) if field else torch.zeros_like(x)
             if guidance is not None:
                 v = v + guidance.vector(self.chart, x, float(t))
             return v
@@ -418,7 +420,8 @@ class WeightFlow:
         return res
 
     def sample(self, n: int, *, steps: int = 100, method: str = "euler", generator: torch.Generator | None = None,
-               x0: Tensor | None = None, guidance: Guidance | None = None, batch_size: int | None = None) -> Tensor:
+               x0: Tensor | None = None, guidance: Guidance | None = None, batch_size: int | None = None,
+               field: bool = True) -> Tensor:
         """``n`` new networks ``[n, D]`` (ordinary weights of ``chart.spec``).
 
         Args:
@@ -429,6 +432,7 @@ class WeightFlow:
             x0: source points to start from instead (``[n, D]`` on the chart's manifold).
             guidance: task-loss guidance (:class:`Guidance`) or ``None``.
             batch_size: integrate in chunks of this many networks (memory), ``None`` = all at once.
+            field: ``False``: the source points moved by ``guidance`` alone (see :meth:`integrate`).
 
         Raises ``ValueError`` for a negative ``n``, a ``steps`` or ``batch_size`` below 1, or an ``x0`` of
         another length, before drawing anything. ``n = 0`` gives an empty ``[0, D]`` tensor.
@@ -445,7 +449,8 @@ class WeightFlow:
         if n == 0:                      # nothing to integrate (and no points to map back to weights)
             return self.chart.check_points(x0, "x0").new_zeros(0, self.spec.n_params)
         chunks = [x0] if batch_size is None else list(x0.split(batch_size))
-        points = torch.cat([self.integrate(c, steps=steps, method=method, guidance=guidance).x for c in chunks])
+        points = torch.cat([self.integrate(c, steps=steps, method=method, guidance=guidance, field=field).x
+                            for c in chunks])
         return self.chart.to_weights(points)
 
     # ---------------------------------------------------------------------------------- likelihood
