@@ -476,3 +476,19 @@ def test_computed_entries_log_their_seconds_and_own_seconds(monkeypatch, tmp_pat
     monkeypatch.setenv("WSBOOK_SCALE", "default")
     assert cli.main(["--timings"]) == 0
     assert "no computations recorded at scale default" in capsys.readouterr().out
+
+
+def test_timed_on_names_the_threads_a_timing_ran_on():
+    """Chapters label their timings with where they ran: torch's thread count on a CPU."""
+    from wsbook import config, report
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        expected = "one CPU thread" if config.device().type == "cpu" else report.timed_on()
+        assert report.timed_on() == expected
+        torch.set_num_threads(2)
+        if config.device().type == "cpu":
+            assert report.timed_on() == "2 CPU threads"
+    finally:
+        torch.set_num_threads(before)
