@@ -190,6 +190,7 @@ def test_guided_candidates_are_drawn_with_guidance_and_train_nothing_more():
     table = flows.verdict_table("breast_cancer", {"plain baseline": cands["plain baseline"],
                                                   "wide, guided λ=2": cands["wide, guided λ=2"]}, 12, 2, seeds=(1, 2))
     assert table.attrs["selected"] == "wide, guided λ=2" and table.loc[flows.GUIDANCE_CONTROL, "seeds"] == 2
+    assert "wide" not in table.index          # its unguided draw is a row only where it was a candidate
     # chapter 8's candidates: every flow but the plain baseline, also guided with each weight
     bc = flows.breast_cancer_verdict_candidates()
     base = flows.breast_cancer_candidates()

@@ -660,7 +660,8 @@ def guided_source(zoo_name: str, candidate: "Guided", n: int, steps: int, *, see
     """The control of a guided draw (cached): ``n`` points of the source of ``candidate``'s flow (trained with
     ``seed``), moved by the same guidance alone with the same solver, the learned field left out
     (:meth:`WeightFlow.sample` with ``field=False``); the same source points as :func:`draw` with the same
-    ``sample_seed``. If these networks scored like the guided flow's, the guidance would be doing the work."""
+    ``sample_seed``, and :func:`draw`'s solver (midpoint) and schedule (linear). If these networks scored
+    like the guided flow's, the guidance would be doing the work."""
     if not isinstance(candidate, Guided):
         raise TypeError(f"guided_source: needs a Guided candidate; got {type(candidate).__name__}")
     return _guided_source(zoo_name, candidate.config, seed, n, steps, candidate.weight, sample_seed)["theta"]
@@ -1023,9 +1024,10 @@ def verdict_table(zoo_name: str, candidates: dict[str, FlowConfig | Guided], n: 
     the training zoo than validation runs are (nearest-neighbour ratio at least 1; all candidates when none
     is). The chosen flow and every ``baselines`` label are then trained once per seed of ``seeds`` (fresh
     seeds: the draw the choice read is not reused), each seed sampled with its own source points, and
-    :func:`test_report` scores them on the test runs; when the chosen candidate is :class:`Guided`, the
-    row :data:`GUIDANCE_CONTROL` (its source moved by the same guidance alone, :func:`guided_source`, per
-    seed) is scored beside it. ``goals`` go to :func:`test_report`.
+    :func:`test_report` scores them on the test runs; when the chosen candidate is :class:`Guided`, two rows
+    are scored beside it, from the same trained flows and source points: the flow drawn without guidance
+    (its unguided candidate's label) and :data:`GUIDANCE_CONTROL` (the source moved by the same guidance
+    alone, :func:`guided_source`). ``goals`` go to :func:`test_report`.
 
     Returns the table of :func:`test_report` with ``attrs["selected"]`` (the chosen label) and
     ``attrs["validation"]`` (every candidate's validation scores).
@@ -1078,7 +1080,7 @@ def verdict_seed(zoo_name: str, candidates: dict[str, FlowConfig | Guided], n: i
             for label in (chosen, *baselines)}
 
 
-@cached("flows/zoo_verdict", version=2)   # 2: a guided choice's control row
+@cached("flows/zoo_verdict", version=3)   # 3: a guided choice's unguided flow and control rows
 def _verdict_table(zoo_name: str, zoo: targets.ZooConfig, candidates: dict[str, FlowConfig | Guided], n: int,
                    steps: int, baselines: tuple[str, ...], seeds: tuple[int, ...], goals: dict):
     """:func:`verdict_table`, cached under the zoo's and the candidates' settings."""
@@ -1086,6 +1088,11 @@ def _verdict_table(zoo_name: str, zoo: targets.ZooConfig, candidates: dict[str, 
     per_seed = [verdict_seed(zoo_name, candidates, n, steps, s, baselines) for s in seeds]
     sets = {label: [drawn[label] for drawn in per_seed] for label in (chosen, *baselines)}
     if isinstance(candidates[chosen], Guided):
+        # what the guidance bought: the same flows and source points without it, and without the field
+        unguided = next((label for label, c in candidates.items() if c == candidates[chosen].config), None)
+        if unguided is not None and unguided not in sets:
+            sets[unguided] = [draw(zoo_name, candidates[unguided], n, steps, seed=s, sample_seed=s + 1)[0]
+                              for s in seeds]
         sets[GUIDANCE_CONTROL] = [guided_source(zoo_name, candidates[chosen], n, steps, seed=s, sample_seed=s + 1)
                                   for s in seeds]
     table = test_report(zoo_split(zoo_name), sets, n, **goals)
