@@ -173,6 +173,11 @@ def test_guided_candidates_are_drawn_with_guidance_and_train_nothing_more():
     assert flows.trained_as(cands["wide, guided λ=2"]) == flows.trained_as(cands["wide"]) == flow
     assert torch.equal(guided, flows.sample_flow("breast_cancer", flow, 12, steps=2, guidance=2.0)[0])
     assert not torch.allclose(plain, guided)
+    # the draw's cost end to end: the flow's training and the draw
+    theta, seconds = flows.draw_cost("breast_cancer", cands["wide, guided λ=2"], 12, 2)
+    assert torch.equal(theta, guided)
+    assert seconds == pytest.approx(flows.train_flow("breast_cancer", flow).seconds
+                                    + flows.draw("breast_cancer", cands["wide, guided λ=2"], 12, 2)[1])
     flows.draw("breast_cancer", cands["plain baseline"], 12, 2)          # every flow trained once, then
     trained = [r["entry"] for r in cache.compute_log() if r["name"] == "flows/trained"]
     chosen, validation = flows.verdict_choice("breast_cancer", cands, 12, 2)

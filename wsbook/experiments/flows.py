@@ -1006,6 +1006,13 @@ def draw(zoo_name: str, candidate: "FlowConfig | Guided", n: int, steps: int, **
     return sample_flow(zoo_name, trained_as(candidate), n, steps=steps, guidance=weight, **kwargs)
 
 
+def draw_cost(zoo_name: str, candidate: "FlowConfig | Guided", n: int, steps: int) -> tuple[Tensor, float]:
+    """A candidate's seed-0 draw (:func:`draw`) and what it cost end to end: ``(theta [n, D], seconds of the
+    flow's training plus that draw)``; both cached."""
+    theta, seconds = draw(zoo_name, candidate, n, steps)
+    return theta, train_flow(zoo_name, trained_as(candidate)).seconds + seconds
+
+
 def choose(validation: dict[str, dict]) -> str:
     """The flow the tables choose from its candidates' validation scores (:func:`score` against the validation
     runs): the lowest MMD^2 among those no nearer the training zoo than validation runs are (nearest-neighbour
