@@ -95,6 +95,13 @@ def test_train_sample_score_cached_and_replay_is_detected():
     assert replay["high"] < 1e-3
     held = flows.nn_ratio_interval(split.validation.theta, refs, n_boot=200)
     assert held["ratio"] == pytest.approx(1.0) and held["low"] < 1.0 < held["high"]
+    # the yardstick's own spread over resampled whole runs: positive, and zero for a single run
+    assert 0 < refs.nn_held_se < 0.5 * refs.nn_held
+    d = torch.arange(10.0)
+    assert flows.run_bootstrap_medians(d, torch.zeros(10), n_boot=20).std() == 0
+    assert flows.run_bootstrap_medians(d, torch.arange(10), n_boot=20).std() > 0
+    with pytest.raises(ValueError, match="replicates"):
+        flows.run_bootstrap_medians(d, torch.arange(10), n_boot=1)
     with pytest.raises(ValueError, match="level"):
         flows.nn_ratio_interval(theta, refs, level=1.5)
     # several draws of the same flow: seed 1 is the tables' set, other seeds other source points
@@ -127,6 +134,9 @@ def test_test_report_reads_the_sealed_runs_with_seeds_and_verdicts():
     # the perfect generator reads about one floor
     pg = table.loc["perfect generator"]
     assert abs(pg["mmd_ratio"] - 1) < 3 * pg["mmd_ratio_se"] + 0.5, table
+    # the nearest-neighbour ratio's error carries the test runs' own spread, as the MMD² ratio's the floor's
+    nn_held, nn_held_se = table.attrs["nn_held"]
+    assert nn_held_se > 0 and pg["nn_ratio_se"] >= pg["nn_ratio"] * nn_held_se / nn_held
     assert table.loc["iid training checkpoints", "accuracy verdict"] == "—"
     with pytest.raises(ValueError, match="2 seeds"):
         flows.test_report(split, {"x": sets["plain baseline"][:1]}, 12)

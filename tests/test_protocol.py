@@ -83,6 +83,19 @@ def test_perfect_generator_floor_reads_one_for_iid_draws_and_carries_its_spread(
         protocol.perfect_generator_floor(probs[source], runs[source], probs[ref], 32, 0.5, draws=1)
 
 
+def test_ratio_carries_the_denominators_error():
+    # an exact denominator: the values' own standard error, scaled
+    r, se = protocol.ratio([1.0, 1.2, 1.4], 2.0, 0.0)
+    assert r == pytest.approx(0.6) and se == pytest.approx(protocol.mean_se([1.0, 1.2, 1.4])[1] / 2)
+    # an uncertain one: relative errors add in quadrature (delta method)
+    r, se = protocol.ratio([2.0, 2.0], 2.0, 0.1)
+    assert r == pytest.approx(1.0) and se == pytest.approx(0.05)
+    with pytest.raises(ValueError, match="positive denominator"):
+        protocol.ratio([1.0, 2.0], 0.0, 0.1)
+    with pytest.raises(ValueError, match="non-negative"):
+        protocol.ratio([1.0, 2.0], 1.0, -0.1)
+
+
 def test_split_runs_needs_room_for_three_parts():
     from types import SimpleNamespace
     with pytest.raises(ValueError, match="n_holdout"):

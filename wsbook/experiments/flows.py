@@ -706,8 +706,9 @@ class References:
         canonical: the chart that puts networks in the aligned, canonical weight space (weight matching
             to the split's reference, every hidden neuron normalised): distances there ignore both symmetries.
         train_points, held_points: the training zoo and the reference runs in that space; nn_held: median
-            nearest-neighbour distance from the reference runs to the training zoo (the memorisation
-            yardstick).
+            nearest-neighbour distance from ``w2_n`` reference networks to the training zoo (the memorisation
+            yardstick); nn_held_se: its standard error over reference runs resampled whole
+            (:func:`run_bootstrap_medians`: a run's checkpoints are alike, so the run is the independent unit).
         w2_n: networks per set in the W2 distances; w2_floor: W2 between ``w2_n`` source and reference
             networks.
     """
@@ -725,6 +726,7 @@ class References:
     train_points: Tensor
     held_points: Tensor
     nn_held: float
+    nn_held_se: float
     w2_n: int
     w2_floor: float
 
@@ -751,8 +753,29 @@ def _references(split: protocol.RunSplit, held: targets.Zoo, source: targets.Zoo
     held_q = held_pts[_rows(len(held_pts), w2_n, gen)]
     nn_held = float(distances.median_nn_distance(held_q, train_pts))
     w2_floor = float(distances.wasserstein2(source_pts[_rows(len(source_pts), w2_n, gen)], held_q))
-    return References(split, on, n, held, p_held, source, p_source, h, floor, canon, train_pts, held_pts, nn_held, w2_n,
-                      w2_floor)
+    # the yardstick's spread over other reference runs, each replicate subsampled as nn_held was
+    d_held = distances.nearest_neighbour_distances(held_pts, train_pts)
+    nn_held_se = float(run_bootstrap_medians(d_held, held.run.cpu(), size=w2_n, seed=seed).std())
+    return References(split, on, n, held, p_held, source, p_source, h, floor, canon, train_pts, held_pts, nn_held,
+                      nn_held_se, w2_n, w2_floor)
+
+
+def run_bootstrap_medians(values: Tensor, runs: Tensor, *, size: int | None = None, n_boot: int = 500,
+                          seed: int = 0) -> Tensor:
+    """Medians of ``values [m]`` (one per network) over ``n_boot`` bootstrap replicates that resample the runs
+    (``runs [m]``, each network's run) whole; with ``size``, each replicate's median is over ``size`` of its
+    networks drawn without replacement. Returns ``[n_boot]``."""
+    if n_boot < 2:
+        raise ValueError(f"run_bootstrap_medians: needs at least 2 replicates; got {n_boot}")
+    gen = torch.Generator().manual_seed(seed)
+    members = [torch.nonzero(runs == r).flatten() for r in runs.unique()]
+    out = torch.empty(n_boot)
+    for b in range(n_boot):           # replicates, each a handful of tensor operations
+        pick = torch.cat([members[i] for i in torch.randint(len(members), (len(members),), generator=gen)])
+        if size is not None:
+            pick = pick[torch.randperm(len(pick), generator=gen)[:size]]
+        out[b] = values[pick].median()
+    return out
 
 
 def references(split: protocol.RunSplit, n: int, w2_n: int = 128, max_train: int = 4000,
@@ -851,13 +874,9 @@ def nn_ratio_interval(theta: Tensor, refs: References, *, level: float = 0.95, n
     train = refs.train_points
     d_gen = distances.nearest_neighbour_distances(refs.canonical.to_points(theta.cpu()), train)
     d_held = distances.nearest_neighbour_distances(refs.held_points, train)
-    runs = refs.held.run.cpu()
-    members = [torch.nonzero(runs == r).flatten() for r in runs.unique()]
-    ratios = torch.empty(n_boot)
-    for b in range(n_boot):           # bootstrap replicates, each a handful of tensor operations
-        g = d_gen[torch.randint(len(d_gen), (len(d_gen),), generator=gen)]
-        h = d_held[torch.cat([members[i] for i in torch.randint(len(members), (len(members),), generator=gen)])]
-        ratios[b] = g.median() / h.median()
+    held = run_bootstrap_medians(d_held, refs.held.run.cpu(), n_boot=n_boot, seed=seed + 1)
+    rows = torch.randint(len(d_gen), (n_boot, len(d_gen)), generator=gen)
+    ratios = d_gen[rows].median(dim=1).values / held
     tail = (1 - level) / 2
     return {"ratio": float(d_gen.median() / d_held.median()), "low": float(ratios.quantile(tail)),
             "high": float(ratios.quantile(1 - tail))}
@@ -910,6 +929,9 @@ def _test_table(test: targets.Zoo, *, split: protocol.RunSplit, sets: dict[str, 
         for col in REPORT_COLUMNS:
             if col == "mmd_ratio":
                 row[col], row[f"{col}_se"] = refs.floor.ratio([r["mmd2"] for r in runs])
+            elif col == "nn_ratio":      # the yardstick is an estimate too: its spread enters the error
+                row[col], row[f"{col}_se"] = protocol.ratio([r["nn_train"] for r in runs], refs.nn_held,
+                                                            refs.nn_held_se)
             else:
                 row[col], row[f"{col}_se"] = protocol.mean_se([r[col] for r in runs])
         rows[label] = row
@@ -926,7 +948,8 @@ def _test_table(test: targets.Zoo, *, split: protocol.RunSplit, sets: dict[str, 
                                                 a["accuracy_se"], accuracy_gap) if r in sets else "—"
                                 for r in table.index]
     table.attrs.update(floor=refs.floor, on="test", runs=split.run_counts(), n=n, mmd_goal=mmd_goal,
-                       nn_goal=nn_goal, anchor=anchor, accuracy_gap=accuracy_gap)
+                       nn_goal=nn_goal, nn_held=(refs.nn_held, refs.nn_held_se), anchor=anchor,
+                       accuracy_gap=accuracy_gap)
     return table
 
 
@@ -945,7 +968,8 @@ def test_report(split: protocol.RunSplit, sets: dict[str, list[Tensor]], n: int,
     (:func:`~wsbook.experiments.protocol.bound_verdict`); accuracy and BMA-64 NLL against the ``anchor``
     row (no worse: *level* or *met*); with ``accuracy_gap``, a ``gap verdict`` for every set of ``sets``:
     the ``anchor`` row's accuracy minus the set's at most ``accuracy_gap``. ``table.attrs`` holds the floor,
-    the run counts and the goals.
+    the run counts, the goals and ``nn_held`` (the test runs' yardstick and its standard error). Both ratios divide by estimates (the floor; the test runs' median distance
+    to the training zoo), whose standard errors enter the ratios' (:func:`~wsbook.experiments.protocol.ratio`).
     """
     if not sets or any(len(v) < 2 for v in sets.values()):
         raise ValueError("test_report: every set needs at least 2 seeds (a mean and a standard error)")
@@ -1087,7 +1111,7 @@ def verdict_seed(zoo_name: str, candidates: dict[str, FlowConfig | Guided], n: i
             for label in (chosen, *baselines)}
 
 
-@cached("flows/zoo_verdict", version=3)   # 3: a guided choice's unguided flow and control rows
+@cached("flows/zoo_verdict", version=4)   # 4: the yardstick's spread in the nn ratio's error
 def _verdict_table(zoo_name: str, zoo: targets.ZooConfig, candidates: dict[str, FlowConfig | Guided], n: int,
                    steps: int, baselines: tuple[str, ...], seeds: tuple[int, ...], goals: dict):
     """:func:`verdict_table`, cached under the zoo's and the candidates' settings."""
@@ -1168,4 +1192,4 @@ __all__ = ["FlowConfig", "fit_recipe", "flow_config", "extended_config", "EXTEND
            "CNN_MEAN_SOURCE_SIGMA",
            "CNN_WIDE_ZOO", "TRANSFER_ROWS", "cnn_width_transfer", "transfer_rows", "WidthChange", "cnn_widening",
            "GOAL_WORDS", "transfer_readings",
-           "nn_ratio_interval", "steps_curve", "adam_curve"]
+           "nn_ratio_interval", "run_bootstrap_medians", "steps_curve", "adam_curve"]

@@ -150,10 +150,8 @@ class Floor:
 
     def ratio(self, mmd2: Tensor | Sequence[float]) -> tuple[float, float]:
         """``(mean, se)`` of MMD\\ :sup:`2` over this floor for one value per seed, the floor's own
-        uncertainty carried into the standard error (delta method)."""
-        m, se = mean_se(mmd2)
-        r = m / self.mean
-        return r, math.sqrt((se / self.mean) ** 2 + (r * self.se / self.mean) ** 2)
+        uncertainty carried into the standard error (:func:`ratio`)."""
+        return ratio(mmd2, self.mean, self.se)
 
 
 def iid_rows(n_rows: int, n: int, generator: torch.Generator) -> Tensor:
@@ -193,6 +191,18 @@ def mean_se(values: Tensor | Sequence[float]) -> tuple[float, float]:
     if v.numel() < 2:
         raise ValueError(f"mean_se: a standard error needs at least 2 values; got {v.numel()}")
     return float(v.mean()), float(v.std() / math.sqrt(v.numel()))
+
+
+def ratio(values: Tensor | Sequence[float], denominator: float, denominator_se: float) -> tuple[float, float]:
+    """``(mean, se)`` of ``values / denominator`` for one value per seed, where the denominator is itself an
+    estimate with standard error ``denominator_se``: its uncertainty is carried into the ratio's (delta
+    method), so that a row whose numerator matches the denominator's population reads 1 within its error."""
+    if not denominator > 0 or not denominator_se >= 0:
+        raise ValueError(f"ratio: needs a positive denominator and a non-negative standard error; got "
+                         f"{denominator}, {denominator_se}")
+    m, se = mean_se(values)
+    r = m / denominator
+    return r, math.sqrt((se / denominator) ** 2 + (r * denominator_se / denominator) ** 2)
 
 
 def verdict(mean: float, se: float, goal: float, better: str = "lower") -> str:
@@ -252,5 +262,5 @@ def select_best(scores: dict[str, dict], key: str, *, admissible: Callable[[dict
 
 
 __all__ = ["SealedSplitError", "Sealed", "final_report", "RunSplit", "split_runs", "Floor", "iid_rows",
-           "perfect_generator_floor", "mean_se", "verdict", "versus", "within", "versus_column", "bound_verdict", "select_best",
+           "perfect_generator_floor", "mean_se", "ratio", "verdict", "versus", "within", "versus_column", "bound_verdict", "select_best",
            "VERDICTS", "SEEDS"]
