@@ -317,8 +317,9 @@ def test_sphinx_starts_the_book_chapters_in_the_wanted_order(tmp_path):
 
 
 # ------------------------------------------------------------------ API reference
-#: The library packages with a page in the book's "API reference" part (book/api/<package>.md).
-API_PACKAGES = ("nets", "manifolds", "flows", "bayes", "symmetry", "graphs", "weightflow")
+#: The library modules with a page in the book's "API reference" part: {page (book/api/<page>.md): module}.
+API_PAGES = {"nets": "nets", "manifolds": "manifolds", "flows": "flows", "bayes": "bayes", "symmetry": "symmetry",
+             "graphs": "graphs", "weightflow": "weightflow", "experiments": "experiments.protocol"}
 API_DIRECTIVE = re.compile(r"^\.\. (automodule|autoclass|autofunction):: (\S+)\n((?:   :[^\n]*\n)*)", re.M)
 
 
@@ -334,20 +335,22 @@ def test_every_library_package_has_an_api_page_in_the_toc():
     import yaml
 
     entries = _toc_entries()
-    missing = [p for p in API_PACKAGES if f"book/api/{p}" not in entries]
+    missing = [p for p in API_PAGES if f"book/api/{p}" not in entries]
     assert not missing, f"no API page in _toc.yml for {missing}"
     extensions = yaml.safe_load((ROOT / "_config.yml").read_text())["sphinx"]["extra_extensions"]
     assert {"sphinx.ext.autodoc", "sphinx.ext.napoleon"} <= set(extensions)
-    for package in API_PACKAGES:
-        page = (ROOT / "book" / "api" / f"{package}.md").read_text()
-        assert f".. automodule:: wsbook.{package}\n   :members:\n" in page, f"book/api/{package}.md"
+    for name, module in API_PAGES.items():
+        page = (ROOT / "book" / "api" / f"{name}.md").read_text()
+        assert f".. automodule:: wsbook.{module}\n   :members:\n" in page, f"book/api/{name}.md"
         chapters = re.findall(r"\{doc\}`/(chapters/\w+)`", page.split("```", 1)[0])
-        assert chapters, f"book/api/{package}.md does not name the chapters that use wsbook.{package}"
+        assert chapters, f"book/api/{name}.md does not name the chapters that use wsbook.{module}"
+        parent, _, leaf = f"wsbook.{module}".rpartition(".")
+        named = rf"wsbook\.{re.escape(module)}\b|from {re.escape(parent)} import [^\n]*\b{leaf}\b"
         for chapter in chapters:
-            assert chapter in entries, f"book/api/{package}.md names {chapter}, which is not in _toc.yml"
+            assert chapter in entries, f"book/api/{name}.md names {chapter}, which is not in _toc.yml"
             source = (ROOT / f"{chapter}.md").read_text()
-            assert re.search(rf"wsbook\.{package}\b|from wsbook import [^\n]*\b{package}\b", source), \
-                f"book/api/{package}.md says {chapter} uses wsbook.{package}; the chapter never names it"
+            assert re.search(named, source), \
+                f"book/api/{name}.md says {chapter} uses wsbook.{module}; the chapter never names it"
 
 
 def test_api_pages_name_only_what_exists():
@@ -356,14 +359,14 @@ def test_api_pages_name_only_what_exists():
     public names that the package does not export."""
     import importlib
 
-    for package in API_PACKAGES:
-        page = (ROOT / "book" / "api" / f"{package}.md").read_text()
+    for page_name in API_PAGES:
+        page = (ROOT / "book" / "api" / f"{page_name}.md").read_text()
         for kind, target, _ in API_DIRECTIVE.findall(page):
             if kind == "automodule":
                 importlib.import_module(target)
             else:
                 module, name = target.rsplit(".", 1)
-                assert hasattr(importlib.import_module(module), name), f"book/api/{package}.md: no {target}"
+                assert hasattr(importlib.import_module(module), name), f"book/api/{page_name}.md: no {target}"
 
 
 #: words of the project, not of the book: a chapter explains and shows; it does not narrate how the page was

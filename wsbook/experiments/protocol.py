@@ -160,8 +160,13 @@ def iid_rows(n_rows: int, n: int, generator: torch.Generator) -> Tensor:
 
 
 def perfect_generator_floor(source_probs: Tensor, source_runs: Tensor, reference_probs: Tensor, n: int,
-                            bandwidth: float, draws: int = 32, seed: int = 0) -> Floor:
+                            bandwidth: float, draws: int = 32, seed: int = 0, unbiased: bool = True) -> Floor:
     """The MMD\\ :sup:`2` a perfect generator scores against ``reference_probs``.
+
+    With the unbiased estimator the floor is positive only because a reference run contributes several
+    alike networks (checkpoints of one run), which a generated set cannot match; when every network is a run
+    of its own the unbiased floor is zero in expectation, and the biased one (``unbiased=False``: the floor
+    is then the estimator's own bias at ``n`` networks) is the one to read sets against.
 
     Args:
         source_probs: test probabilities ``[m, N, C]`` of networks of runs that are not reference runs.
@@ -171,16 +176,19 @@ def perfect_generator_floor(source_probs: Tensor, source_runs: Tensor, reference
         bandwidth: the kernel bandwidth every set is scored with.
         draws: independent draws averaged.
         seed: seeds the draws.
+        unbiased: the estimator of :func:`wsbook.bayes.distances.mmd2` (score every set with the same one).
     """
     if draws < 2 or n < 2:
         raise ValueError(f"perfect_generator_floor: needs at least 2 draws of 2 networks; got {draws}, {n}")
     gen = torch.Generator().manual_seed(seed)
     values = [float(distances.mmd2(source_probs[iid_rows(len(source_probs), n, gen).to(source_probs.device)],
-                                   reference_probs, bandwidth=bandwidth)) for _ in range(draws)]
+                                   reference_probs, bandwidth=bandwidth, unbiased=unbiased))
+              for _ in range(draws)]
     m, se = mean_se(values)
     if m <= 0:
         raise ValueError("perfect_generator_floor: the floor is not positive; the source runs are "
-                         "indistinguishable from the reference runs at this size, so no ratio can be read")
+                         "indistinguishable from the reference runs at this size, so no ratio can be read"
+                         + (" (when every network is a run of its own, pass unbiased=False)" if unbiased else ""))
     return Floor(m, se, draws, min(n, len(source_probs)), int(torch.unique(source_runs).numel()))
 
 
