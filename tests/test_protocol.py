@@ -83,6 +83,23 @@ def test_perfect_generator_floor_reads_one_for_iid_draws_and_carries_its_spread(
         protocol.perfect_generator_floor(probs[source], runs[source], probs[ref], 32, 0.5, draws=1)
 
 
+def test_floor_for_networks_that_are_each_a_run_of_their_own():
+    # iid members, one per "run": the unbiased floor is zero in expectation, the biased one is its bias
+    gen = torch.Generator().manual_seed(1)
+    probs = (torch.randn(96, 5, 2, generator=gen)).softmax(-1)
+    source, ref = probs[:64], probs[64:]
+    with pytest.raises(ValueError, match="unbiased=False"):
+        for seed in range(20):      # some seed's unbiased mean falls below zero
+            protocol.perfect_generator_floor(source, torch.arange(64), ref, 16, 0.5, draws=4, seed=seed)
+    floor = protocol.perfect_generator_floor(source, torch.arange(64), ref, 16, 0.5, unbiased=False)
+    assert floor.mean > 0 and floor.runs == 64
+    from wsbook.bayes import distances
+    again = [float(distances.mmd2(source[protocol.iid_rows(64, 16, gen)], ref, 0.5, unbiased=False))
+             for _ in range(8)]
+    r, r_se = floor.ratio(again)
+    assert abs(r - 1) < 3 * r_se + 0.1
+
+
 def test_ratio_carries_the_denominators_error():
     # an exact denominator: the values' own standard error, scaled
     r, se = protocol.ratio([1.0, 1.2, 1.4], 2.0, 0.0)
