@@ -100,6 +100,17 @@ def test_floor_for_networks_that_are_each_a_run_of_their_own():
     assert abs(r - 1) < 3 * r_se + 0.1
 
 
+def test_run_bootstrap_resamples_whole_runs():
+    d = torch.arange(10.0)
+    assert protocol.run_bootstrap_medians(d, torch.zeros(10), n_boot=20).std() == 0     # one run: no spread
+    assert protocol.run_bootstrap_medians(d, torch.arange(10), n_boot=20).std() > 0
+    # two runs of identical members: resampling runs moves the median, resampling within them would not
+    two = protocol.run_bootstrap_medians(torch.tensor([0.0] * 5 + [1.0] * 5), torch.arange(10) // 5, n_boot=50)
+    assert set(two.tolist()) <= {0.0, 1.0} and len(set(two.tolist())) == 2
+    with pytest.raises(ValueError, match="replicates"):
+        protocol.run_bootstrap_medians(d, torch.arange(10), n_boot=1)
+
+
 def test_ratio_carries_the_denominators_error():
     # an exact denominator: the values' own standard error, scaled
     r, se = protocol.ratio([1.0, 1.2, 1.4], 2.0, 0.0)

@@ -708,7 +708,8 @@ class References:
         train_points, held_points: the training zoo and the reference runs in that space; nn_held: median
             nearest-neighbour distance from ``w2_n`` reference networks to the training zoo (the memorisation
             yardstick); nn_held_se: its standard error over reference runs resampled whole
-            (:func:`run_bootstrap_medians`: a run's checkpoints are alike, so the run is the independent unit).
+            (:func:`~wsbook.experiments.protocol.run_bootstrap_medians`: a run's checkpoints are alike, so the
+            run is the independent unit; with a handful of reference runs it reads the spread low).
         w2_n: networks per set in the W2 distances; w2_floor: W2 between ``w2_n`` source and reference
             networks.
     """
@@ -755,27 +756,10 @@ def _references(split: protocol.RunSplit, held: targets.Zoo, source: targets.Zoo
     w2_floor = float(distances.wasserstein2(source_pts[_rows(len(source_pts), w2_n, gen)], held_q))
     # the yardstick's spread over other reference runs, each replicate subsampled as nn_held was
     d_held = distances.nearest_neighbour_distances(held_pts, train_pts)
-    nn_held_se = float(run_bootstrap_medians(d_held, held.run.cpu(), size=w2_n, seed=seed).std())
+    spread = protocol.run_bootstrap_medians(d_held, held.run.cpu(), size=w2_n, seed=seed + 1)
+    nn_held_se = float(spread.std())
     return References(split, on, n, held, p_held, source, p_source, h, floor, canon, train_pts, held_pts, nn_held,
                       nn_held_se, w2_n, w2_floor)
-
-
-def run_bootstrap_medians(values: Tensor, runs: Tensor, *, size: int | None = None, n_boot: int = 500,
-                          seed: int = 0) -> Tensor:
-    """Medians of ``values [m]`` (one per network) over ``n_boot`` bootstrap replicates that resample the runs
-    (``runs [m]``, each network's run) whole; with ``size``, each replicate's median is over ``size`` of its
-    networks drawn without replacement. Returns ``[n_boot]``."""
-    if n_boot < 2:
-        raise ValueError(f"run_bootstrap_medians: needs at least 2 replicates; got {n_boot}")
-    gen = torch.Generator().manual_seed(seed)
-    members = [torch.nonzero(runs == r).flatten() for r in runs.unique()]
-    out = torch.empty(n_boot)
-    for b in range(n_boot):           # replicates, each a handful of tensor operations
-        pick = torch.cat([members[i] for i in torch.randint(len(members), (len(members),), generator=gen)])
-        if size is not None:
-            pick = pick[torch.randperm(len(pick), generator=gen)[:size]]
-        out[b] = values[pick].median()
-    return out
 
 
 def references(split: protocol.RunSplit, n: int, w2_n: int = 128, max_train: int = 4000,
@@ -868,13 +852,13 @@ def nn_ratio_interval(theta: Tensor, refs: References, *, level: float = 0.95, n
     generated networks and the reference runs as whole runs: a run's checkpoints are near-copies, so the run,
     not the checkpoint, is the independent unit. Returns ``{"ratio", "low", "high"}``.
     """
-    if not 0 < level < 1 or n_boot < 1:
-        raise ValueError(f"nn_ratio_interval: level must be in (0, 1) and n_boot positive; got {level}, {n_boot}")
+    if not 0 < level < 1 or n_boot < 2:
+        raise ValueError(f"nn_ratio_interval: level must be in (0, 1) and n_boot at least 2; got {level}, {n_boot}")
     gen = torch.Generator().manual_seed(seed)
     train = refs.train_points
     d_gen = distances.nearest_neighbour_distances(refs.canonical.to_points(theta.cpu()), train)
     d_held = distances.nearest_neighbour_distances(refs.held_points, train)
-    held = run_bootstrap_medians(d_held, refs.held.run.cpu(), n_boot=n_boot, seed=seed + 1)
+    held = protocol.run_bootstrap_medians(d_held, refs.held.run.cpu(), n_boot=n_boot, seed=seed + 1)
     rows = torch.randint(len(d_gen), (n_boot, len(d_gen)), generator=gen)
     ratios = d_gen[rows].median(dim=1).values / held
     tail = (1 - level) / 2
@@ -954,7 +938,7 @@ def _test_table(test: targets.Zoo, *, split: protocol.RunSplit, sets: dict[str, 
 
 
 def test_report(split: protocol.RunSplit, sets: dict[str, list[Tensor]], n: int, *, seeds: int = 3,
-                mmd_goal: float = 2.0, nn_goal: tuple[float, float] = (1.0, 0.95),
+                mmd_goal: float = protocol.MMD_GOAL, nn_goal: tuple[float, float] = protocol.NN_GOAL,
                 anchor: str = "iid training checkpoints", accuracy_gap: float | None = None):
     """The verdict table on the test runs (:func:`wsbook.experiments.protocol.final_report`): the only
     function that reads them.
@@ -968,8 +952,10 @@ def test_report(split: protocol.RunSplit, sets: dict[str, list[Tensor]], n: int,
     (:func:`~wsbook.experiments.protocol.bound_verdict`); accuracy and BMA-64 NLL against the ``anchor``
     row (no worse: *level* or *met*); with ``accuracy_gap``, a ``gap verdict`` for every set of ``sets``:
     the ``anchor`` row's accuracy minus the set's at most ``accuracy_gap``. ``table.attrs`` holds the floor,
-    the run counts, the goals and ``nn_held`` (the test runs' yardstick and its standard error). Both ratios divide by estimates (the floor; the test runs' median distance
-    to the training zoo), whose standard errors enter the ratios' (:func:`~wsbook.experiments.protocol.ratio`).
+    the run counts, the goals and ``nn_held`` (the test runs' yardstick and its standard error). Both ratios
+    divide by estimates whose standard errors enter the ratios' (:func:`~wsbook.experiments.protocol.ratio`):
+    the floor's spread over its draws from the validation runs, and the spread of the test runs' median
+    distance to the training zoo over those runs resampled whole.
     """
     if not sets or any(len(v) < 2 for v in sets.values()):
         raise ValueError("test_report: every set needs at least 2 seeds (a mean and a standard error)")
@@ -1111,7 +1097,7 @@ def verdict_seed(zoo_name: str, candidates: dict[str, FlowConfig | Guided], n: i
             for label in (chosen, *baselines)}
 
 
-@cached("flows/zoo_verdict", version=4)   # 4: the yardstick's spread in the nn ratio's error
+@cached("flows/zoo_verdict", version=5)   # 5: the yardstick's spread in the nn ratio's error
 def _verdict_table(zoo_name: str, zoo: targets.ZooConfig, candidates: dict[str, FlowConfig | Guided], n: int,
                    steps: int, baselines: tuple[str, ...], seeds: tuple[int, ...], goals: dict):
     """:func:`verdict_table`, cached under the zoo's and the candidates' settings."""
@@ -1192,4 +1178,4 @@ __all__ = ["FlowConfig", "fit_recipe", "flow_config", "extended_config", "EXTEND
            "CNN_MEAN_SOURCE_SIGMA",
            "CNN_WIDE_ZOO", "TRANSFER_ROWS", "cnn_width_transfer", "transfer_rows", "WidthChange", "cnn_widening",
            "GOAL_WORDS", "transfer_readings",
-           "nn_ratio_interval", "run_bootstrap_medians", "steps_curve", "adam_curve"]
+           "nn_ratio_interval", "steps_curve", "adam_curve"]

@@ -362,7 +362,7 @@ def verdict_table(seeds: tuple[int, ...] = protocol.SEEDS):
     return flows.with_floor(_verdict_table(tuple(seeds), targets.ZOOS[ZOO], recipes, b))
 
 
-@cached("flows/mnist_verdict", version=3)   # 3: the yardstick's spread in the nn ratio's error
+@cached("flows/mnist_verdict", version=4)   # 4: the yardstick's spread in the nn ratio's error
 def _verdict_table(seeds: tuple[int, ...], zoo: targets.ZooConfig, recipes: dict, b: Budget):
     """:func:`verdict_table`, cached under the zoo's settings, the recipes' and the budget's."""
     chosen, validation = verdict_choice()

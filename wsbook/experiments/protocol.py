@@ -32,6 +32,10 @@ SEEDS = (1, 2, 3)
 _TEST_OPEN = contextvars.ContextVar("wsbook_test_split_open", default=False)
 #: the verdict words, in the order of the table columns' legend
 VERDICTS = ("met", "level", "missed")
+#: the goals of the zoo pages' verdict tables: MMD^2 at most this many perfect-generator floors ...
+MMD_GOAL = 2.0
+#: ... and a nearest-neighbour ratio of at least the first value with its mean - 2 se at least the second
+NN_GOAL = (1.0, 0.95)
 
 
 class SealedSplitError(RuntimeError):
@@ -213,6 +217,25 @@ def ratio(values: Tensor | Sequence[float], denominator: float, denominator_se: 
     return r, math.sqrt((se / denominator) ** 2 + (r * denominator_se / denominator) ** 2)
 
 
+def run_bootstrap_medians(values: Tensor, runs: Tensor, *, size: int | None = None, n_boot: int = 500,
+                          seed: int = 0) -> Tensor:
+    """Medians of ``values [m]`` (one per network) over ``n_boot`` bootstrap replicates that resample the runs
+    (``runs [m]``, each network's run) whole; with ``size``, each replicate's median is over ``size`` of its
+    networks drawn without replacement. Returns ``[n_boot]``; their standard deviation is the standard error
+    of a median over these runs. With a handful of runs the bootstrap is coarse and reads the spread low."""
+    if n_boot < 2:
+        raise ValueError(f"run_bootstrap_medians: needs at least 2 replicates; got {n_boot}")
+    gen = torch.Generator().manual_seed(seed)
+    members = [torch.nonzero(runs == r).flatten() for r in runs.unique()]
+    out = torch.empty(n_boot)
+    for b in range(n_boot):           # replicates, each a handful of tensor operations
+        pick = torch.cat([members[i] for i in torch.randint(len(members), (len(members),), generator=gen)])
+        if size is not None:
+            pick = pick[torch.randperm(len(pick), generator=gen)[:size]]
+        out[b] = values[pick].median()
+    return out
+
+
 def verdict(mean: float, se: float, goal: float, better: str = "lower") -> str:
     """``"met"`` when ``mean`` beats ``goal`` by more than two standard errors, ``"missed"`` when it is
     worse by more than two, ``"level"`` otherwise. ``better``: ``"lower"`` or ``"higher"``."""
@@ -270,5 +293,5 @@ def select_best(scores: dict[str, dict], key: str, *, admissible: Callable[[dict
 
 
 __all__ = ["SealedSplitError", "Sealed", "final_report", "RunSplit", "split_runs", "Floor", "iid_rows",
-           "perfect_generator_floor", "mean_se", "ratio", "verdict", "versus", "within", "versus_column", "bound_verdict", "select_best",
-           "VERDICTS", "SEEDS"]
+           "perfect_generator_floor", "mean_se", "ratio", "run_bootstrap_medians", "MMD_GOAL", "NN_GOAL", "verdict",
+           "versus", "within", "versus_column", "bound_verdict", "select_best", "VERDICTS", "SEEDS"]
