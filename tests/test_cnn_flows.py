@@ -511,3 +511,23 @@ def test_width_transfer_rows_at_a_tiny_size(fake_zoo):
             assert math.isfinite(row[col]) and math.isfinite(row[f"{col}_se"]) and row[f"{col}_se"] >= 0
     assert rows["flow at the new width"]["transfer verdict"] in protocol.VERDICTS
     assert rows["packed ensemble"]["transfer verdict"] == "—"
+
+
+def test_equivariant_against_flat_pairs_each_fields_chosen_flow(monkeypatch):
+    """The like-for-like reading compares the channel table's chosen row with the flat table's, by MMD²."""
+    import pandas as pd
+
+    from wsbook.experiments import flows
+
+    def table(field):
+        chosen = {"channel": "ch", "flat": "fl"}[field]
+        mmd = {"channel": (5.0, 0.2), "flat": (0.7, 0.05)}[field]
+        t = pd.DataFrame({"seeds": [3, 3], "mmd_ratio": [mmd[0], 11.0], "mmd_ratio_se": [mmd[1], 0.3]},
+                         index=[chosen, "plain baseline"])
+        t.attrs["selected"] = chosen
+        return t
+
+    monkeypatch.setattr(flows, "cnn_verdict_table", table)
+    pair = flows.equivariant_against_flat()
+    assert list(pair.index) == ["ch", "fl"] and list(pair["field"]) == ["channel", "flat"]
+    assert pair.loc["ch", "MMD² vs flat"] == "missed" and pair.loc["fl", "MMD² vs flat"] == "—"

@@ -55,7 +55,10 @@ def test_verdicts_carry_each_tables_verdict_for_the_flow_it_chose(monkeypatch):
     mn = mn.drop("width transfer to 784-32-10")
     assert set(mn["verdict"]) == {"missed"} and "within 0.03" in mn.loc["accuracy", "criterion"]
     cnn = table.loc["8d, CNN"]
-    assert cnn.loc["equivariant field against the flat one", "networks"] == "cnn channel"
+    assert cnn.loc["equivariant field against the plain baseline", "networks"] == "cnn channel"
+    # against the flat table's chosen flow: equal means read level
+    flat = cnn.loc["equivariant field against the best flat field"]
+    assert flat["networks"] == "cnn channel" and flat["verdict"] == "level"
     assert cnn.loc["accuracy", "networks"] == "cnn None" and cnn.loc["accuracy", "verdict"] == "met"
     assert cnn.loc["channel-width transfer", "verdict"] == "missed"
     assert cnn.loc["channel-width transfer", "networks"] == "channel flow"

@@ -310,21 +310,21 @@ def artifacts() -> dict[str, Artifact]:
         out.append(Artifact(f"verdict/mnist5k/seed/{s}", f"seed {s} of chapter 8b's test verdict: the MNIST flow "
                             "chosen on validation data and the plain baseline, trained and sampled",
                             _one_thread(lambda s=s: mf.verdict_seed(s))))
-        out.append(Artifact(f"verdict/cnn_digits/seed/{s}", f"seed {s} of chapter 8d's test verdicts: the CNN flow "
-                            "and the channel-field flow chosen on validation runs and the plain baseline, trained "
-                            "and sampled", _one_thread(lambda s=s: [
+        out.append(Artifact(f"verdict/cnn_digits/seed/{s}", f"seed {s} of chapter 8d's test verdicts: the CNN flow, "
+                            "the channel-field and the flat-field flow chosen on validation runs and the plain "
+                            "baseline, trained and sampled", _one_thread(lambda s=s: [
                                 flows.verdict_seed(CNN, flows.cnn_verdict_candidates(field), *flows.cnn_sizes(), s)
-                                for field in (None, "channel")])))
+                                for field in flows.CNN_VERDICT_FIELDS])))
     out.append(Artifact("verdict/breast_cancer", "the flow chosen on validation runs and the plain baseline, "
                         f"trained with seeds {protocol.SEEDS} and sampled (chapter 8's test verdict)",
                         summary.breast_cancer_verdict))
     out.append(Artifact("verdict/mnist5k", "the MNIST flow chosen on validation data and the plain baseline, trained "
                         f"with seeds {protocol.SEEDS} and sampled (chapter 8b's test verdict)",
                         _one_thread(mf.verdict_table)))
-    out.append(Artifact("verdict/cnn_digits", "the CNN flow chosen on validation runs, the channel-field flow chosen "
-                        f"so, and the plain baseline, trained with seeds {protocol.SEEDS} and sampled (chapter 8d's "
-                        "test verdicts)", _one_thread(lambda: (flows.cnn_verdict_table(),
-                                                               flows.cnn_verdict_table("channel")))))
+    out.append(Artifact("verdict/cnn_digits", "the CNN flow chosen on validation runs, the channel-field and the "
+                        f"flat-field flow chosen so, and the plain baseline, trained with seeds {protocol.SEEDS} and "
+                        "sampled (chapter 8d's test verdicts)",
+                        _one_thread(lambda: [flows.cnn_verdict_table(f) for f in flows.CNN_VERDICT_FIELDS])))
     out.append(Artifact("flow/cnn/width_transfer", "16-channel CNNs from the chosen channel flow as the verdict "
                         f"trained it on 8-channel ones (seeds {protocol.SEEDS}), beside packed ensembles of its "
                         "8-channel samples and the trained 16-channel zoo (chapter 8d)",

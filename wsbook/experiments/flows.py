@@ -304,6 +304,33 @@ def cnn_verdict_table(field: str | None = None):
     return verdict_table("cnn_digits", cnn_verdict_candidates(field), *cnn_sizes(), accuracy_gap=ACCURACY_GAP)
 
 
+#: the CNN page's verdict tables, by the field their candidates are limited to: every flow, the channel
+#: (equivariant) fields, the flat fields
+CNN_VERDICT_FIELDS = (None, "channel", "flat")
+
+
+def equivariant_against_flat():
+    """Chapter 8d's like-for-like reading of the equivariant field: the channel-field flow chosen on validation
+    runs against the flat-field flow chosen so (not the plain baseline, which is also flat but starts from a
+    plain source), both from their own :func:`cnn_verdict_table` on the same test runs and floor. Returns a
+    DataFrame with the two chosen rows (``field`` ``"channel"`` and ``"flat"``) and, on the channel row, the
+    verdict ``"MMD² vs flat"`` (:func:`~wsbook.experiments.protocol.versus`: the two rows' floors are the same
+    estimate, so the difference's standard error counts its share twice, on the safe side)."""
+    import pandas as pd
+
+    rows = {}
+    for field in ("channel", "flat"):
+        table = cnn_verdict_table(field)
+        rows[table.attrs["selected"]] = table.loc[table.attrs["selected"]].copy()
+        rows[table.attrs["selected"]]["field"] = field
+    out = pd.DataFrame(rows).T
+    channel, flat = out.index[0], out.index[1]
+    out["MMD² vs flat"] = "—"
+    out.loc[channel, "MMD² vs flat"] = protocol.versus(out.loc[channel, "mmd_ratio"], out.loc[channel, "mmd_ratio_se"],
+                                                       out.loc[flat, "mmd_ratio"], out.loc[flat, "mmd_ratio_se"])
+    return out
+
+
 def cnn_verdict_candidates(field: str | None = None) -> dict[str, FlowConfig]:
     """The candidates of :func:`cnn_verdict_table`: every CNN flow, or those of ``field`` and the plain
     baseline."""
@@ -1174,7 +1201,8 @@ __all__ = ["FlowConfig", "fit_recipe", "flow_config", "extended_config", "EXTEND
            "score_draws",
            "target_rows", "CONTROLS", "control_sets", "test_report", "choose", "verdict_choice",
            "verdict_seed", "verdict_table", "breast_cancer_candidates", "cnn_candidates", "cnn_sizes",
-           "cnn_verdict_table", "cnn_verdict_candidates", "ACCURACY_GAP", "SOURCES",
+           "cnn_verdict_table", "cnn_verdict_candidates", "CNN_VERDICT_FIELDS", "equivariant_against_flat",
+           "ACCURACY_GAP", "SOURCES",
            "CNN_MEAN_SOURCE_SIGMA",
            "CNN_WIDE_ZOO", "TRANSFER_ROWS", "cnn_width_transfer", "transfer_rows", "WidthChange", "cnn_widening",
            "GOAL_WORDS", "transfer_readings",
