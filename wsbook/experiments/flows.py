@@ -734,7 +734,8 @@ class References:
             to the split's reference, every hidden neuron normalised): distances there ignore both symmetries.
         train_points, held_points: the training zoo and the reference runs in that space; nn_held: median
             nearest-neighbour distance from ``w2_n`` reference networks to the training zoo (the memorisation
-            yardstick); nn_held_se: its standard error over reference runs resampled whole
+            yardstick), from ``d_held`` (every reference network's nearest-neighbour distance to the training
+            zoo); nn_held_se: its standard error over reference runs resampled whole
             (:func:`~wsbook.experiments.protocol.run_bootstrap_medians`: a run's checkpoints are alike, so the
             run is the independent unit; with a handful of reference runs it reads the spread low).
         w2_n: networks per set in the W2 distances; w2_floor: W2 between ``w2_n`` source and reference
@@ -754,6 +755,7 @@ class References:
     train_points: Tensor
     held_points: Tensor
     nn_held: float
+    d_held: Tensor
     nn_held_se: float
     w2_n: int
     w2_floor: float
@@ -786,7 +788,7 @@ def _references(split: protocol.RunSplit, held: targets.Zoo, source: targets.Zoo
     spread = protocol.run_bootstrap_medians(d_held, held.run.cpu(), size=w2_n, seed=seed + 1)
     nn_held_se = float(spread.std())
     return References(split, on, n, held, p_held, source, p_source, h, floor, canon, train_pts, held_pts, nn_held,
-                      nn_held_se, w2_n, w2_floor)
+                      d_held, nn_held_se, w2_n, w2_floor)
 
 
 def references(split: protocol.RunSplit, n: int, w2_n: int = 128, max_train: int = 4000,
@@ -884,7 +886,7 @@ def nn_ratio_interval(theta: Tensor, refs: References, *, level: float = 0.95, n
     gen = torch.Generator().manual_seed(seed)
     train = refs.train_points
     d_gen = distances.nearest_neighbour_distances(refs.canonical.to_points(theta.cpu()), train)
-    d_held = distances.nearest_neighbour_distances(refs.held_points, train)
+    d_held = refs.d_held
     held = protocol.run_bootstrap_medians(d_held, refs.held.run.cpu(), n_boot=n_boot, seed=seed + 1)
     rows = torch.randint(len(d_gen), (n_boot, len(d_gen)), generator=gen)
     ratios = d_gen[rows].median(dim=1).values / held
