@@ -27,32 +27,36 @@ from torch.utils.flop_counter import FlopCounterMode
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from wsbook import config  # noqa: E402
 from wsbook.experiments import flows, mnist_flows as mf, targets  # noqa: E402
-from wsbook.nets import MLPSpec  # noqa: E402
+from wsbook.nets import CNNSpec, MLPSpec  # noqa: E402
 
 from timing import best_seconds, matmul_gflops  # noqa: E402
 
 
-def field_configs() -> dict[str, tuple[MLPSpec, flows.FlowConfig]]:
+def field_configs() -> dict[str, tuple[MLPSpec | CNNSpec, flows.FlowConfig]]:
     """``{"<task>_<kind>": (spec, FlowConfig)}`` of the fields the results chapters train at `default`."""
     with config.at_scale("default"):
         bc = MLPSpec(tuple(targets.ZOOS["breast_cancer"].widths))
         mnist = MLPSpec(tuple(targets.ZOOS[mf.ZOO].widths))
+        cnn = targets.ZOOS["cnn_digits"].spec
+        from_mean = {c.field: c for c in flows.cnn_candidates().values() if c.source == "mean"}
         return {"breast_cancer_neuron": (bc, flows.neuron_config()),
                 "breast_cancer_flat": (bc, flows.baseline_config()),
                 "breast_cancer_gnn": (bc, flows.flow_config("euclidean")),
                 "mnist_neuron": (mnist, mf.recipe_config(mf.NEURON_ANCHORED)),
                 "mnist_flat": (mnist, mf.recipe_config("plain baseline")),
-                "mnist_gnn": (mnist, mf.recipe_config("geometric_aligned_ot"))}
+                "mnist_gnn": (mnist, mf.recipe_config("geometric_aligned_ot")),
+                "cnn_channel": (cnn, from_mean["channel"]),
+                "cnn_flat": (cnn, from_mean["flat"])}
 
 
-def training_step(spec: MLPSpec, cfg: flows.FlowConfig, seed: int = 0):
+def training_step(spec: MLPSpec | CNNSpec, cfg: flows.FlowConfig, seed: int = 0):
     """A closure running one loss + backward of the flow ``cfg`` on a fixed minibatch (random networks
     stand in for a zoo: the cost of a step does not depend on the weights, nor on an anchored field's
     anchor)."""
     gen = torch.Generator().manual_seed(seed)
     nets = spec.init(cfg.batch_size, generator=gen, device="cpu")
     with config.seeded(seed):
-        flow = flows.build_flow(spec, cfg, reference=nets[0])
+        flow = flows.build_flow(spec, cfg, reference=nets[0], train=nets)
     points = flow.chart.to_points(nets)
     flow.set_scale(points)
     x0 = flow.chart.sample_source(cfg.batch_size, gen)
