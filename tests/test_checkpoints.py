@@ -1,4 +1,4 @@
-"""Flows over your own networks (wsbook.weightflow.checkpoints): a directory of ordinary PyTorch MLP
+"""Flows over your own networks (wsbook.weightflow.checkpoints): a directory of ordinary PyTorch MLP or CNN
 state dicts in, a flow fitted and sampled, the samples back out as state dicts that load into a fresh
 ``nn.Sequential``; and a clear error, naming the file, for every checkpoint that cannot join."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from wsbook.nets import MLPSpec
-from wsbook.weightflow import (CheckpointError, GeometricChart, NeuronField, WeightFlow, load_checkpoints,
-                               save_checkpoints)
+from wsbook.nets import CNNSpec, MLPSpec
+from wsbook.weightflow import (ChannelField, CheckpointError, EuclideanChart, GeometricChart, NeuronField, WeightFlow,
+                               load_checkpoints, save_checkpoints)
 from wsbook.weightflow.checkpoints import checkpoint_files
 
 
@@ -163,11 +163,11 @@ def test_nan_or_inf_weights_are_named(own_dir, bad):
     assert "NaN or infinite" in message and "'2.weight'" in message
 
 
-def test_a_convolution_or_a_normalisation_layer_is_not_an_mlp(tmp_path):
-    conv = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4, 2))
-    torch.save(conv.state_dict(), tmp_path / "conv.pt")
-    assert "convolution" in _error(tmp_path, "conv.pt")
-    (tmp_path / "conv.pt").unlink()
+def test_a_normalisation_layer_or_another_convolution_is_named(tmp_path):
+    conv1d = nn.Sequential(nn.Conv1d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4, 2))
+    torch.save(conv1d.state_dict(), tmp_path / "conv1d.pt")
+    assert "1-D or 3-D convolution" in _error(tmp_path, "conv1d.pt")
+    (tmp_path / "conv1d.pt").unlink()
     norm = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3))
     torch.save(norm.state_dict(), tmp_path / "norm.pt")
     assert "running_mean" in _error(tmp_path, "norm.pt")
@@ -175,6 +175,63 @@ def test_a_convolution_or_a_normalisation_layer_is_not_an_mlp(tmp_path):
     layer_norm = nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6), nn.Linear(6, 3))
     torch.save(layer_norm.state_dict(), tmp_path / "ln.pt")
     assert "[6]" in _error(tmp_path, "ln.pt")
+
+
+def cnn(channels=(4, 5), kernel=3, n_classes=3, bias=True) -> nn.Sequential:
+    """A user's CNN in CNNSpec's layout: same-padding convolutions, global average pooling, a Linear head."""
+    layers: list[nn.Module] = []
+    for i, o in zip((2, *channels[:-1]), channels):
+        layers += [nn.Conv2d(i, o, kernel, padding=kernel // 2, bias=bias), nn.ReLU()]
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels[-1], n_classes))
+
+
+def test_cnn_checkpoints_load_fit_sample_save_and_run(tmp_path):
+    torch.manual_seed(3)
+    nets = [cnn() for _ in range(5)]
+    for k, net in enumerate(nets):
+        torch.save(net.state_dict(), tmp_path / f"cnn_{k}.pt")
+    spec, theta = load_checkpoints(tmp_path)
+    assert spec == CNNSpec(2, (4, 5), kernel_size=3, n_classes=3)
+    assert torch.equal(theta, spec.from_modules(nets))
+    x = torch.randn(6, 2, 7, 7)
+    with torch.no_grad():
+        torch.testing.assert_close(spec.forward(theta, x)[3], nets[3](x))
+    flow = WeightFlow(EuclideanChart(spec), ChannelField(spec, hidden=8, edge_dim=4), coupling="ot")
+    gen = torch.Generator().manual_seed(0)
+    assert torch.isfinite(flow.fit(theta, steps=3, generator=gen, progress=False).losses).all()
+    samples = flow.sample(3, steps=4, generator=gen)
+    paths = save_checkpoints(spec, samples, tmp_path / "out")
+    for k, path in enumerate(paths):
+        net = cnn()                                     # a fresh module of the user's: the keys are its own
+        net.load_state_dict(torch.load(path))
+        with torch.no_grad():
+            torch.testing.assert_close(net(x), spec.forward(samples[k], x)[0])
+        assert list(torch.load(path)) == list(spec.to_module(samples[k]).state_dict())
+    spec_back, theta_back = load_checkpoints(tmp_path / "out")
+    assert spec_back == spec and torch.equal(theta_back, samples)
+    one = CNNSpec(1, (3,), kernel_size=5, n_classes=2, activation="tanh")
+    net = one.to_module(one.init(1, device="cpu"))
+    torch.save(net.state_dict(), tmp_path / "out" / "one.pt")
+    back = load_checkpoints(tmp_path / "out", pattern="one.pt", activation="tanh")
+    assert back[0] == one and torch.equal(back[1][0], one.from_modules([net])[0])
+    assert list(torch.load(save_checkpoints(one, back[1], tmp_path / "one")[0])) == list(net.state_dict())
+
+
+@pytest.mark.parametrize("net, needle", [
+    (nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 8 * 8, 2)),
+     "global average"),
+    (nn.Sequential(nn.Conv2d(1, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 6), nn.ReLU(),
+                   nn.Linear(6, 2)), "one Linear head"),
+    (nn.Sequential(nn.Conv2d(1, 4, 3), nn.Conv2d(4, 4, 5), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                   nn.Linear(4, 2)), "one square kernel"),
+    (nn.Sequential(nn.Conv2d(1, 4, 2), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2)), "odd size"),
+    (nn.Sequential(nn.Conv2d(1, 4, 3, bias=False), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2)),
+     "without bias"),
+    (nn.Sequential(nn.Linear(4, 4), nn.Unflatten(1, (1, 2, 2)), nn.Conv2d(1, 4, 3)), "after a Linear"),
+])
+def test_a_cnn_that_is_not_a_cnnspec_is_named(tmp_path, net, needle):
+    torch.save(net.state_dict(), tmp_path / "net.pt")
+    assert needle in _error(tmp_path, "net.pt")
 
 
 def test_layers_that_do_not_chain_or_mix_biases_are_named(tmp_path):
@@ -237,7 +294,7 @@ def test_saving_refuses_to_overwrite_bad_networks_and_other_specs(tmp_path):
         save_checkpoints(spec, theta[:, :-1], tmp_path / "short")
     with pytest.raises(ValueError, match="prefix"):
         save_checkpoints(spec, theta, tmp_path / "p", prefix="a/b")
-    with pytest.raises(TypeError, match="MLPSpec"):
+    with pytest.raises(TypeError, match="MLPSpec or a CNNSpec"):
         save_checkpoints("not a spec", theta, tmp_path / "p")
     # 1,001 networks get four digits, so the files sort in the population's order
     many = save_checkpoints(spec, spec.init(1001), tmp_path / "many")

@@ -1,18 +1,24 @@
 """Flows over your own networks: a directory of ordinary PyTorch checkpoints in, a population out, and back.
 
-:func:`load_checkpoints` reads every ``state_dict`` of an MLP saved with ``torch.save`` in a directory
-(``nn.Sequential`` of ``nn.Linear`` layers and activations, or any module whose only parameters are
-``nn.Linear`` layers applied in the order they were registered) and stacks them into a population
-``[B, D]`` of one :class:`~wsbook.nets.MLPSpec`, the form every flow of :mod:`wsbook.weightflow` learns
-from. :func:`save_checkpoints` writes a population (e.g. :meth:`WeightFlow.sample`'s networks) back as one
+:func:`load_checkpoints` reads every ``state_dict`` saved with ``torch.save`` in a directory and stacks them
+into a population ``[B, D]``, the form every flow of :mod:`wsbook.weightflow` learns from:
+
+* an MLP (``nn.Sequential`` of ``nn.Linear`` layers and activations, or any module whose only parameters are
+  ``nn.Linear`` layers applied in the order they were registered) becomes an :class:`~wsbook.nets.MLPSpec`;
+* a CNN of ``nn.Conv2d`` layers (square odd kernels, one size for all), then one ``nn.Linear`` head reading
+  each channel's global average, becomes a :class:`~wsbook.nets.CNNSpec` (:meth:`CNNSpec.to_module`'s
+  layout). A state dict records neither strides, padding nor pooling: the files are read as that layout
+  (stride 1, same padding, global average pooling), so a CNN that downsamples on the way is read wrongly.
+
+:func:`save_checkpoints` writes a population (e.g. :meth:`WeightFlow.sample`'s networks) back as one
 ``state_dict`` file per network, which ``module.load_state_dict(torch.load(path))`` loads into the user's
 own module. Book appendix "Flows over your own networks".
 
 A checkpoint that cannot be one of the population raises :class:`CheckpointError` (a ``ValueError``)
 naming the file: a file ``torch.load`` cannot read (or only by unpickling code: files are read with
 ``weights_only=True``), one that holds something else than a state dict, a state dict with entries that
-are not ``nn.Linear`` weights and biases (a convolution, a normalisation layer), layers that do not chain,
-NaN or infinite weights, or an architecture that differs from the first file's.
+are not weights and biases of those layers (a normalisation layer, a 1-D convolution), layers that do not
+chain, NaN or infinite weights, or an architecture that differs from the first file's.
 """
 from __future__ import annotations
 
@@ -26,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from wsbook import config
-from wsbook.nets import ACTIVATIONS, MLPSpec
+from wsbook.nets import ACTIVATIONS, CNNSpec, MLPSpec
 
 #: the file names :func:`load_checkpoints` reads by default
 PATTERNS = ("*.pt", "*.pth")
@@ -76,30 +82,31 @@ def _read(path: Path) -> Mapping[str, Tensor]:
     return obj
 
 
-def _linear_layers(path: Path, state: Mapping[str, Tensor]) -> list[tuple[str, Tensor, Tensor | None]]:
-    """``(module name, weight [out, in], bias [out] or None)`` of every ``nn.Linear`` layer of a state dict,
-    in the order of the dict (the order the layers were registered in), checked to form an MLP."""
+def _layers(path: Path, state: Mapping[str, Tensor]) -> list[tuple[str, Tensor, Tensor | None]]:
+    """``(module name, weight, bias or None)`` of every ``nn.Linear`` (weight ``[out, in]``) and ``nn.Conv2d``
+    (weight ``[out, in, k, k]``) layer of a state dict, in the order of the dict (the order the layers were
+    registered in), each checked on its own; :func:`_spec` checks that they form a network."""
     modules: OrderedDict[str, dict[str, Tensor]] = OrderedDict()
     for key, value in state.items():
         module, _, name = key.rpartition(".")
         if name not in ("weight", "bias"):
-            raise CheckpointError(path, f"has the entry {key!r} ({list(value.shape)}), which is no Linear layer's "
-                                        "weight or bias; load_checkpoints reads MLPs (nn.Linear layers with "
-                                        "activations between them), not normalisation or other layers")
+            raise CheckpointError(path, f"has the entry {key!r} ({list(value.shape)}), which is no Linear or Conv2d "
+                                        "layer's weight or bias; load_checkpoints reads MLPs and CNNs without "
+                                        "normalisation or other layers")
         modules.setdefault(module, {})[name] = value
     layers = []
     for module, params in modules.items():
         w, b = params.get("weight"), params.get("bias")
         where = f"layer {module!r}" if module else "the layer"
         if w is None:
-            raise CheckpointError(path, f"{where} has a bias but no weight; not an nn.Linear layer")
-        if w.dim() != 2:
-            kind = " (a convolution's)" if w.dim() in (3, 4, 5) else ""
+            raise CheckpointError(path, f"{where} has a bias but no weight; not an nn.Linear or nn.Conv2d layer")
+        if w.dim() not in (2, 4):
+            kind = " (a 1-D or 3-D convolution's)" if w.dim() in (3, 5) else ""
             raise CheckpointError(path, f"{where} has a weight of shape {list(w.shape)}{kind}; load_checkpoints "
-                                        "reads MLPs, whose layers are nn.Linear with weights [out, in]")
+                                        "reads nn.Linear weights [out, in] and nn.Conv2d weights [out, in, k, k]")
         if b is not None and tuple(b.shape) != (w.shape[0],):
             raise CheckpointError(path, f"{where} has a bias of shape {list(b.shape)} for a weight of shape "
-                                        f"{list(w.shape)}; not an nn.Linear layer")
+                                        f"{list(w.shape)}; not an nn.Linear or nn.Conv2d layer")
         for name, t in (("weight", w), ("bias", b)):
             if t is None:
                 continue
@@ -111,19 +118,53 @@ def _linear_layers(path: Path, state: Mapping[str, Tensor]) -> list[tuple[str, T
                 raise CheckpointError(path, f"has {bad} NaN or infinite value{'s' * (bad > 1)} in {key!r}; a "
                                             "flow cannot learn from a diverged network (leave the file out)")
         layers.append((module, w, b))
-    for (before, w0, _), (module, w1, _) in zip(layers[:-1], layers[1:]):
-        if w1.shape[1] != w0.shape[0]:
-            raise CheckpointError(path, f"layer {module!r} takes {w1.shape[1]} inputs but layer {before!r} before "
-                                        f"it gives {w0.shape[0]}; not a chain of Linear layers (an MLP)")
-    if len({b is None for _, _, b in layers}) > 1:
-        without = [m for m, _, b in layers if b is None]
-        raise CheckpointError(path, f"layers {without} have no bias and the others have one; an MLPSpec has "
-                                    "biases in every layer or in none")
     return layers
 
 
-def _architecture(layers: list[tuple[str, Tensor, Tensor | None]]) -> tuple[tuple[tuple[int, int], ...], bool]:
+def _spec(path: Path, layers: list[tuple[str, Tensor, Tensor | None]], activation: str) -> MLPSpec | CNNSpec:
+    """The architecture of a checkpoint's layers: an :class:`MLPSpec` for Linear layers alone, a
+    :class:`CNNSpec` for Conv2d layers then one Linear head; anything else raises :class:`CheckpointError`."""
+    n_conv = sum(w.dim() == 4 for _, w, _ in layers)
+    if any(w.dim() == 4 for _, w, _ in layers[n_conv:]):
+        raise CheckpointError(path, "has a Conv2d layer after a Linear one; load_checkpoints reads CNNs as "
+                                    "convolutions, then global average pooling, then one Linear head")
+    for (before, w0, _), (module, w1, _) in zip(layers[:-1], layers[1:]):
+        if w1.shape[1] != w0.shape[0]:
+            what = ("channels" if w1.dim() == 4 else "pooled channels (a Linear head after flattened feature maps "
+                    "is not read: CNNSpec's head reads each channel's global average)") if w0.dim() == 4 else "outputs"
+            raise CheckpointError(path, f"layer {module!r} takes {w1.shape[1]} inputs but layer {before!r} before it "
+                                        f"gives {w0.shape[0]} {what}; not a chain of layers")
+    biases = {b is None for _, _, b in layers}
+    if n_conv == 0:
+        if len(biases) > 1:
+            without = [m for m, _, b in layers if b is None]
+            raise CheckpointError(path, f"layers {without} have no bias and the others have one; an MLPSpec has "
+                                        "biases in every layer or in none")
+        ws = [w for _, w, _ in layers]
+        return MLPSpec((ws[0].shape[1], *(w.shape[0] for w in ws)), activation=activation, bias=True not in biases)
+    if len(layers) != n_conv + 1:
+        raise CheckpointError(path, f"has {len(layers) - n_conv} Linear layers after its convolutions; a CNNSpec "
+                                    "has one Linear head")
+    if True in biases:
+        raise CheckpointError(path, "has a layer without bias; a CNNSpec has a bias in every layer")
+    kernels = {tuple(w.shape[2:]) for _, w, _ in layers[:n_conv]}
+    k = next(iter(kernels))[0]
+    if kernels != {(k, k)} or k % 2 == 0:
+        raise CheckpointError(path, f"has convolution kernels {sorted(kernels)}; a CNNSpec has one square kernel of "
+                                    "odd size (same padding) in every convolution")
+    if activation not in ("relu", "tanh"):
+        raise ValueError(f"load_checkpoints: a CNN's activation must be 'relu' or 'tanh'; got {activation!r}")
+    convs = [w for _, w, _ in layers[:n_conv]]
+    return CNNSpec(convs[0].shape[1], tuple(w.shape[0] for w in convs), kernel_size=k,
+                   n_classes=layers[-1][1].shape[0], activation=activation)
+
+
+def _architecture(layers: list[tuple[str, Tensor, Tensor | None]]) -> tuple[tuple[tuple[int, ...], ...], bool]:
     return tuple(tuple(w.shape) for _, w, _ in layers), layers[0][2] is not None
+
+
+def _has_bias(spec: MLPSpec | CNNSpec) -> bool:
+    return getattr(spec, "bias", True)
 
 
 def checkpoint_files(directory: str | os.PathLike, pattern: str | Sequence[str] = PATTERNS) -> list[Path]:
@@ -144,31 +185,36 @@ def checkpoint_files(directory: str | os.PathLike, pattern: str | Sequence[str] 
 
 def load_checkpoints(directory: str | os.PathLike, *, activation: str = "relu",
                      pattern: str | Sequence[str] = PATTERNS, dtype: torch.dtype | None = None,
-                     device: torch.device | str | None = None) -> tuple[MLPSpec, Tensor]:
-    """Stack the MLP ``state_dict`` files of ``directory`` into ``(spec, theta)``.
+                     device: torch.device | str | None = None) -> tuple[MLPSpec | CNNSpec, Tensor]:
+    """Stack the MLP or CNN ``state_dict`` files of ``directory`` into ``(spec, theta)``.
 
     Every file (``*.pt`` and ``*.pth`` by default, sorted by name: row ``k`` of ``theta`` is file ``k`` of
     :func:`checkpoint_files`) holds the ``state_dict`` of one network, as ``torch.save(model.state_dict(),
     path)`` writes it, or a training checkpoint with the state dict under ``"state_dict"`` or
-    ``"model_state_dict"``. Its ``nn.Linear`` layers are read in the dict's order, which is the order
-    ``nn.Sequential`` applies them. All files must have the same layers; the first file fixes them.
+    ``"model_state_dict"``. Its ``nn.Linear`` and ``nn.Conv2d`` layers are read in the dict's order, which is
+    the order ``nn.Sequential`` applies them: Linear layers alone make an MLP, Conv2d layers then one Linear
+    head a CNN read as :meth:`CNNSpec.to_module` builds one (stride 1, same padding, the head on each channel's
+    global average: the state dict does not say, so other CNNs are read wrongly). All files must have the same
+    layers; the first file fixes them.
 
     Args:
         directory: the directory of checkpoint files.
         activation: the hidden activation (a state dict does not record it): one of
-            :data:`wsbook.nets.ACTIVATIONS`. The canonical charts need ``"relu"``.
+            :data:`wsbook.nets.ACTIVATIONS` (a CNN's: ``"relu"`` or ``"tanh"``). The canonical charts need
+            ``"relu"``.
         pattern: a glob, or several, selecting the checkpoint files.
         dtype: floating dtype of ``theta`` (default :func:`wsbook.config.dtype`).
         device: where ``theta`` lives (default the CPU, where the files were read).
 
     Returns:
-        ``spec`` (an :class:`~wsbook.nets.MLPSpec` with the files' widths) and ``theta [B, D]``, one
-        network per file in the spec's flat layout (:meth:`MLPSpec.from_modules`'s).
+        ``spec`` (an :class:`~wsbook.nets.MLPSpec` with the files' widths, or a :class:`~wsbook.nets.CNNSpec`
+        with their channels) and ``theta [B, D]``, one network per file in the spec's flat layout (its
+        ``from_modules``'s).
 
     Raises:
         FileNotFoundError: no such directory, or no checkpoint files in it.
-        CheckpointError: (a ``ValueError``) a file that is no MLP state dict, has NaN or infinite weights,
-            or has other layers than the first file; the message names the file.
+        CheckpointError: (a ``ValueError``) a file that is no MLP or CNN state dict, has NaN or infinite
+            weights, or has other layers than the first file; the message names the file.
         ValueError: an unknown activation.
     """
     if activation not in ACTIVATIONS:
@@ -178,30 +224,33 @@ def load_checkpoints(directory: str | os.PathLike, *, activation: str = "relu",
     biases: list[list[Tensor]] = []
     first: tuple | None = None
     for path in files:
-        layers = _linear_layers(path, _read(path))
+        layers = _layers(path, _read(path))
         arch = _architecture(layers)
         if first is None:
-            first = arch
+            first, spec = arch, _spec(path, layers, activation)
         elif arch != first:
-            raise CheckpointError(path, f"has Linear layers {list(arch[0])} (bias={arch[1]}) but {files[0].name}, "
+            raise CheckpointError(path, f"has layers {list(arch[0])} (bias={arch[1]}) but {files[0].name}, "
                                         f"the first checkpoint, has {list(first[0])} (bias={first[1]}); every "
                                         "checkpoint must have the same architecture")
         weights.append([w for _, w, _ in layers])
         biases.append([b for _, _, b in layers])
-    shapes, bias = first
-    spec = MLPSpec((shapes[0][1], *(out for out, _ in shapes)), activation=activation, bias=bias)
     dtype = dtype or config.dtype()
     stacked_w = [torch.stack([ws[k] for ws in weights]).to(dtype) for k in range(spec.n_layers)]
-    stacked_b = [torch.stack([bs[k] for bs in biases]).to(dtype) for k in range(spec.n_layers)] if bias else None
+    stacked_b = ([torch.stack([bs[k] for bs in biases]).to(dtype) for k in range(spec.n_layers)]
+                 if _has_bias(spec) else None)
     theta = spec.pack(stacked_w, stacked_b)
     return spec, theta if device is None else theta.to(device)
 
 
-def _names(spec: MLPSpec, like: object) -> list[str]:
-    """The module names of the Linear layers in the saved state dicts: ``nn.Sequential``'s ``0, 2, 4, ...``
-    (:meth:`MLPSpec.to_module`'s), or those of ``like`` (a module, a state dict or a checkpoint file)."""
+def _names(spec: MLPSpec | CNNSpec, like: object) -> list[str]:
+    """The module names of the layers in the saved state dicts: those of the spec's ``to_module``
+    (``nn.Sequential``'s ``0, 2, 4, ...``, a CNN's head after its pooling and flattening), or those of ``like``
+    (a module, a state dict or a checkpoint file)."""
     if like is None:
-        return [str(2 * k) for k in range(spec.n_layers)]
+        names = [str(2 * k) for k in range(spec.n_layers)]
+        if isinstance(spec, CNNSpec):       # ..., activation, AdaptiveAvgPool2d, Flatten, Linear
+            names[-1] = str(2 * spec.n_layers)
+        return names
     if isinstance(like, nn.Module):
         path, state = Path(f"<{type(like).__name__} module>"), like.state_dict()
     elif isinstance(like, Mapping):
@@ -212,22 +261,23 @@ def _names(spec: MLPSpec, like: object) -> list[str]:
     else:
         raise TypeError(f"save_checkpoints: like must be a module, a state dict or a checkpoint file; got "
                         f"{type(like).__name__}")
-    layers = _linear_layers(path, state)
+    layers = _layers(path, state)
     shapes, bias = _architecture(layers)
-    if list(shapes) != spec.layer_shapes or bias != spec.bias:
-        raise ValueError(f"save_checkpoints: like ({path}) has Linear layers {list(shapes)} (bias={bias}); "
-                         f"{spec} has {spec.layer_shapes} (bias={spec.bias})")
+    if list(shapes) != [tuple(s) for s in spec.layer_shapes] or bias != _has_bias(spec):
+        raise ValueError(f"save_checkpoints: like ({path}) has layers {list(shapes)} (bias={bias}); "
+                         f"{spec} has {spec.layer_shapes} (bias={_has_bias(spec)})")
     return [m for m, _, _ in layers]
 
 
-def save_checkpoints(spec: MLPSpec, theta: Tensor, directory: str | os.PathLike, *, prefix: str = "sample",
+def save_checkpoints(spec: MLPSpec | CNNSpec, theta: Tensor, directory: str | os.PathLike, *, prefix: str = "sample",
                      like: object = None, overwrite: bool = False) -> list[Path]:
     """Write every network of ``theta [B, D]`` as its own ``state_dict`` file ``{prefix}_{k:03d}.pt``.
 
-    The keys are those of ``nn.Sequential(Linear, activation, Linear, ...)`` (``"0.weight"``, ``"0.bias"``,
-    ``"2.weight"``, ...: :meth:`MLPSpec.to_module`'s), so ``net.load_state_dict(torch.load(path))`` loads a
-    file into such a module; with ``like`` (a module of the user's, a state dict, or a checkpoint file) the
-    Linear layers get ``like``'s names instead. :func:`load_checkpoints` reads the directory back.
+    The keys are those of the spec's ``to_module``: ``nn.Sequential(Linear, activation, Linear, ...)``
+    (``"0.weight"``, ``"0.bias"``, ``"2.weight"``, ...) for an MLP, ``nn.Sequential(Conv2d, activation, ...,
+    AdaptiveAvgPool2d, Flatten, Linear)`` for a CNN; so ``net.load_state_dict(torch.load(path))`` loads a file
+    into such a module. With ``like`` (a module of the user's, a state dict, or a checkpoint file) the layers
+    get ``like``'s names instead. :func:`load_checkpoints` reads the directory back.
 
     Args:
         spec: the architecture of the networks.
@@ -242,12 +292,12 @@ def save_checkpoints(spec: MLPSpec, theta: Tensor, directory: str | os.PathLike,
         The paths written, in the order of ``theta``'s rows.
 
     Raises:
-        TypeError: ``spec`` is not an :class:`~wsbook.nets.MLPSpec`.
+        TypeError: ``spec`` is neither an :class:`~wsbook.nets.MLPSpec` nor a :class:`~wsbook.nets.CNNSpec`.
         ValueError: ``theta`` does not fit ``spec``, holds NaN or infinite values, or ``like`` has other layers.
         FileExistsError: a file to write exists and ``overwrite`` is false.
     """
-    if not isinstance(spec, MLPSpec):
-        raise TypeError(f"save_checkpoints: spec must be an MLPSpec; got {type(spec).__name__}")
+    if not isinstance(spec, (MLPSpec, CNNSpec)):
+        raise TypeError(f"save_checkpoints: spec must be an MLPSpec or a CNNSpec; got {type(spec).__name__}")
     theta = spec.check(theta.detach())
     bad = (~torch.isfinite(theta)).any(1)
     if bool(bad.any()):
