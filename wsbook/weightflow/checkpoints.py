@@ -130,8 +130,13 @@ def _spec(path: Path, layers: list[tuple[str, Tensor, Tensor | None]], activatio
                                     "convolutions, then global average pooling, then one Linear head")
     for (before, w0, _), (module, w1, _) in zip(layers[:-1], layers[1:]):
         if w1.shape[1] != w0.shape[0]:
-            what = ("channels" if w1.dim() == 4 else "pooled channels (a Linear head after flattened feature maps "
-                    "is not read: CNNSpec's head reads each channel's global average)") if w0.dim() == 4 else "outputs"
+            if w0.dim() == 2:
+                what = "outputs"
+            elif w1.dim() == 4:
+                what = "channels"
+            else:
+                what = ("channels to pool (a Linear head after flattened feature maps is not read: CNNSpec's head "
+                        "reads each channel's global average)")
             raise CheckpointError(path, f"layer {module!r} takes {w1.shape[1]} inputs but layer {before!r} before it "
                                         f"gives {w0.shape[0]} {what}; not a chain of layers")
     biases = {b is None for _, _, b in layers}
