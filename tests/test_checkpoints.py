@@ -41,14 +41,19 @@ def trained_mlps(n=6, widths=(4, 6, 3), seed=0, steps=5) -> list[nn.Sequential]:
     return nets
 
 
+def save_each(nets, directory, stem="net"):
+    """One ``torch.save(net.state_dict(), ...)`` per network, as a user saves them."""
+    directory.mkdir(exist_ok=True)
+    for k, net in enumerate(nets):
+        torch.save(net.state_dict(), directory / f"{stem}_{k}.pt")
+
+
 @pytest.fixture
 def own_dir(tmp_path):
     """A directory as a user has it: one ``torch.save(net.state_dict(), ...)`` per network."""
     nets = trained_mlps()
     directory = tmp_path / "mine"
-    directory.mkdir()
-    for k, net in enumerate(nets):
-        torch.save(net.state_dict(), directory / f"net_{k}.pt")
+    save_each(nets, directory)
     (directory / "notes.txt").write_text("not a checkpoint, and not read")
     return directory, nets
 
@@ -122,11 +127,10 @@ class Named(nn.Module):
 def test_like_names_the_layers_of_the_users_own_module(tmp_path):
     torch.manual_seed(2)
     nets = [Named() for _ in range(3)]
-    for k, net in enumerate(nets):
-        torch.save(net.state_dict(), tmp_path / f"{k}.pt")
+    save_each(nets, tmp_path)
     spec, theta = load_checkpoints(tmp_path)
     assert torch.equal(theta, spec.from_modules(nets))
-    for like in (Named(), nets[0].state_dict(), tmp_path / "0.pt"):
+    for like in (Named(), nets[0].state_dict(), tmp_path / "net_0.pt"):
         paths = save_checkpoints(spec, theta, tmp_path / "out", like=like, overwrite=True)
         net = Named()
         net.load_state_dict(torch.load(paths[2]))
@@ -177,19 +181,18 @@ def test_a_normalisation_layer_or_another_convolution_is_named(tmp_path):
     assert "[6]" in _error(tmp_path, "ln.pt")
 
 
-def cnn(channels=(4, 5), kernel=3, n_classes=3, bias=True) -> nn.Sequential:
+def cnn(channels=(4, 5), kernel=3, n_classes=3) -> nn.Sequential:
     """A user's CNN in CNNSpec's layout: same-padding convolutions, global average pooling, a Linear head."""
     layers: list[nn.Module] = []
     for i, o in zip((2, *channels[:-1]), channels):
-        layers += [nn.Conv2d(i, o, kernel, padding=kernel // 2, bias=bias), nn.ReLU()]
+        layers += [nn.Conv2d(i, o, kernel, padding=kernel // 2), nn.ReLU()]
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels[-1], n_classes))
 
 
 def test_cnn_checkpoints_load_fit_sample_save_and_run(tmp_path):
     torch.manual_seed(3)
     nets = [cnn() for _ in range(5)]
-    for k, net in enumerate(nets):
-        torch.save(net.state_dict(), tmp_path / f"cnn_{k}.pt")
+    save_each(nets, tmp_path, "cnn")
     spec, theta = load_checkpoints(tmp_path)
     assert spec == CNNSpec(2, (4, 5), kernel_size=3, n_classes=3)
     assert torch.equal(theta, spec.from_modules(nets))
