@@ -2,8 +2,9 @@
 
 For every field kind at the sizes the results chapters train it with at `default` (breast cancer 30-16-16-2:
 the neuron field, the flat baseline and the message-passing GNN of chapter 8; MNIST 784-10-10: the
-anchored neuron field, the flat baseline and the GNN of chapter 8b), one training step (the flow-matching
-loss on a minibatch of chart points, its backward pass) is counted in floating-point operations
+anchored neuron field, the flat baseline and the GNN of chapter 8b; the 1-8-8-10 CNNs of chapter 8d: the
+larger channel field and the flat field from the mean network, ``cnn_channel`` and ``cnn_flat``), one
+training step (the flow-matching loss on a minibatch of chart points, its backward pass) is counted in floating-point operations
 (``torch.utils.flop_counter``: matrix products and convolutions, the work a step must do) and timed (best of
 several after a warm-up). Prints ``field_flops_<task>_<kind>_batch<B>, achieved GFLOP/s, matmul GFLOP/s,
 share`` (``share`` = achieved / matmul rate of a large float32 product in the same run, on one thread).

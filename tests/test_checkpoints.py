@@ -220,6 +220,22 @@ def test_cnn_checkpoints_load_fit_sample_save_and_run(tmp_path):
     assert list(torch.load(save_checkpoints(one, back[1], tmp_path / "one")[0])) == list(net.state_dict())
 
 
+@pytest.mark.parametrize("channels", [(3,), (3, 4), (3, 4, 5)])
+def test_saved_cnns_have_to_modules_keys_and_like_names_them(tmp_path, channels):
+    spec = CNNSpec(2, channels, kernel_size=3, n_classes=3)
+    theta = spec.init(2, device="cpu")
+    paths = save_checkpoints(spec, theta, tmp_path / "plain")
+    module = spec.to_module(theta[0])
+    assert list(torch.load(paths[0])) == list(module.state_dict())
+    module.load_state_dict(torch.load(paths[1]))                          # strict
+    assert torch.equal(spec.from_modules([module]), theta[1:])
+    users = cnn(channels)                                                 # the user's own layout
+    users.load_state_dict(torch.load(save_checkpoints(spec, theta, tmp_path / "like", like=users)[0]))
+    assert torch.equal(spec.from_modules([users]), theta[:1])
+    with pytest.raises(ValueError, match="like"):
+        save_checkpoints(spec, theta, tmp_path / "bad", like=cnn((*channels[:-1], 7)))
+
+
 @pytest.mark.parametrize("net, needle", [
     (nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 8 * 8, 2)),
      "global average"),
@@ -231,10 +247,17 @@ def test_cnn_checkpoints_load_fit_sample_save_and_run(tmp_path):
     (nn.Sequential(nn.Conv2d(1, 4, 3, bias=False), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2)),
      "without bias"),
     (nn.Sequential(nn.Linear(4, 4), nn.Unflatten(1, (1, 2, 2)), nn.Conv2d(1, 4, 3)), "after a Linear"),
+    (nn.Sequential(nn.Conv2d(1, 4, 3), nn.Conv2d(4, 2, 3)), "0 Linear layers"),
 ])
 def test_a_cnn_that_is_not_a_cnnspec_is_named(tmp_path, net, needle):
     torch.save(net.state_dict(), tmp_path / "net.pt")
     assert needle in _error(tmp_path, "net.pt")
+
+
+def test_a_cnn_needs_an_activation_a_cnnspec_has(tmp_path):
+    save_each([cnn()], tmp_path)
+    with pytest.raises(ValueError, match="CNN's activation"):
+        load_checkpoints(tmp_path, activation="gelu")
 
 
 def test_layers_that_do_not_chain_or_mix_biases_are_named(tmp_path):
@@ -248,6 +271,21 @@ def test_layers_that_do_not_chain_or_mix_biases_are_named(tmp_path):
     (tmp_path / "mixed.pt").unlink()
     torch.save({"0.weight": torch.zeros(6, 4, dtype=torch.long)}, tmp_path / "ints.pt")
     assert "floating" in _error(tmp_path, "ints.pt")
+    (tmp_path / "ints.pt").unlink()
+    # a later file whose biases differ from the first file's, in one layer only
+    for bias in (True, False):
+        first = mlp((4, 6, 3), bias=bias).state_dict()
+        later = mlp((4, 6, 3), bias=bias).state_dict()
+        if bias:
+            del later["2.bias"]
+        else:
+            later["2.bias"] = torch.zeros(3)
+        torch.save(first, tmp_path / "a.pt")
+        torch.save(later, tmp_path / "b.pt")
+        assert "same architecture" in _error(tmp_path, "b.pt")
+    spec = MLPSpec((4, 6, 3))
+    with pytest.raises(ValueError, match="like"):
+        save_checkpoints(spec, spec.init(1, device="cpu"), tmp_path / "out", like=later)
 
 
 @pytest.mark.parametrize("name, write, needle", [

@@ -734,8 +734,9 @@ class References:
             to the split's reference, every hidden neuron normalised): distances there ignore both symmetries.
         train_points, held_points: the training zoo and the reference runs in that space; nn_held: median
             nearest-neighbour distance from ``w2_n`` reference networks to the training zoo (the memorisation
-            yardstick), from ``d_held`` (every reference network's nearest-neighbour distance to the training
-            zoo); nn_held_se: its standard error over reference runs resampled whole
+            yardstick); d_held: every reference network's nearest-neighbour distance to the training zoo
+            (:func:`nn_ratio_interval` resamples it); nn_held_se: the yardstick's standard error over reference
+            runs resampled whole
             (:func:`~wsbook.experiments.protocol.run_bootstrap_medians`: a run's checkpoints are alike, so the
             run is the independent unit; with a handful of reference runs it reads the spread low).
         w2_n: networks per set in the W2 distances; w2_floor: W2 between ``w2_n`` source and reference

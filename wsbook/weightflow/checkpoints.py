@@ -5,10 +5,11 @@ into a population ``[B, D]``, the form every flow of :mod:`wsbook.weightflow` le
 
 * an MLP (``nn.Sequential`` of ``nn.Linear`` layers and activations, or any module whose only parameters are
   ``nn.Linear`` layers applied in the order they were registered) becomes an :class:`~wsbook.nets.MLPSpec`;
-* a CNN of ``nn.Conv2d`` layers (square odd kernels, one size for all), then one ``nn.Linear`` head reading
-  each channel's global average, becomes a :class:`~wsbook.nets.CNNSpec` (:meth:`CNNSpec.to_module`'s
-  layout). A state dict records neither strides, padding nor pooling: the files are read as that layout
-  (stride 1, same padding, global average pooling), so a CNN that downsamples on the way is read wrongly.
+* a CNN of ``nn.Conv2d`` layers (square odd kernels, one size for all, a bias in every layer), then one
+  ``nn.Linear`` head reading each channel's global average, becomes a :class:`~wsbook.nets.CNNSpec`
+  (:meth:`CNNSpec.to_module`'s layout). A state dict records neither strides, dilation, groups, padding nor
+  pooling: the files are read as that layout (stride 1, no dilation, no groups, same padding, global average
+  pooling), so a CNN that downsamples on the way, or dilates or groups its convolutions, is read wrongly.
 
 :func:`save_checkpoints` writes a population (e.g. :meth:`WeightFlow.sample`'s networks) back as one
 ``state_dict`` file per network, which ``module.load_state_dict(torch.load(path))`` loads into the user's
@@ -17,8 +18,9 @@ own module. Book appendix "Flows over your own networks".
 A checkpoint that cannot be one of the population raises :class:`CheckpointError` (a ``ValueError``)
 naming the file: a file ``torch.load`` cannot read (or only by unpickling code: files are read with
 ``weights_only=True``), one that holds something else than a state dict, a state dict with entries that
-are not weights and biases of those layers (a normalisation layer, a 1-D convolution), layers that do not
-chain, NaN or infinite weights, or an architecture that differs from the first file's.
+are not weights and biases (a normalisation layer's), weights of other layers (a 1-D convolution's), layers
+that do not chain or that a spec cannot hold (kernels of two sizes, several Linear layers after the
+convolutions), NaN or infinite weights, or an architecture that differs from the first file's.
 """
 from __future__ import annotations
 
@@ -164,12 +166,10 @@ def _spec(path: Path, layers: list[tuple[str, Tensor, Tensor | None]], activatio
                    n_classes=layers[-1][1].shape[0], activation=activation)
 
 
-def _architecture(layers: list[tuple[str, Tensor, Tensor | None]]) -> tuple[tuple[tuple[int, ...], ...], bool]:
-    return tuple(tuple(w.shape) for _, w, _ in layers), layers[0][2] is not None
-
-
-def _has_bias(spec: MLPSpec | CNNSpec) -> bool:
-    return getattr(spec, "bias", True)
+def _architecture(layers: list[tuple[str, Tensor, Tensor | None]]) -> tuple[tuple[tuple[int, ...], ...],
+                                                                            tuple[bool, ...]]:
+    """Every layer's weight shape and whether it has a bias: what two files of one population share."""
+    return tuple(tuple(w.shape) for _, w, _ in layers), tuple(b is not None for _, _, b in layers)
 
 
 def checkpoint_files(directory: str | os.PathLike, pattern: str | Sequence[str] = PATTERNS) -> list[Path]:
@@ -198,8 +198,8 @@ def load_checkpoints(directory: str | os.PathLike, *, activation: str = "relu",
     path)`` writes it, or a training checkpoint with the state dict under ``"state_dict"`` or
     ``"model_state_dict"``. Its ``nn.Linear`` and ``nn.Conv2d`` layers are read in the dict's order, which is
     the order ``nn.Sequential`` applies them: Linear layers alone make an MLP, Conv2d layers then one Linear
-    head a CNN read as :meth:`CNNSpec.to_module` builds one (stride 1, same padding, the head on each channel's
-    global average: the state dict does not say, so other CNNs are read wrongly). All files must have the same
+    head a CNN read as :meth:`CNNSpec.to_module` builds one (stride 1, no dilation or groups, same padding, the
+    head on each channel's global average: the state dict does not say, so other CNNs are read wrongly). All files must have the same
     layers; the first file fixes them.
 
     Args:
@@ -234,15 +234,15 @@ def load_checkpoints(directory: str | os.PathLike, *, activation: str = "relu",
         if first is None:
             first, spec = arch, _spec(path, layers, activation)
         elif arch != first:
-            raise CheckpointError(path, f"has layers {list(arch[0])} (bias={arch[1]}) but {files[0].name}, "
-                                        f"the first checkpoint, has {list(first[0])} (bias={first[1]}); every "
-                                        "checkpoint must have the same architecture")
+            raise CheckpointError(path, f"has layers {list(arch[0])} (biases {list(arch[1])}) but "
+                                        f"{files[0].name}, the first checkpoint, has {list(first[0])} (biases "
+                                        f"{list(first[1])}); every checkpoint must have the same architecture")
         weights.append([w for _, w, _ in layers])
         biases.append([b for _, _, b in layers])
     dtype = dtype or config.dtype()
     stacked_w = [torch.stack([ws[k] for ws in weights]).to(dtype) for k in range(spec.n_layers)]
     stacked_b = ([torch.stack([bs[k] for bs in biases]).to(dtype) for k in range(spec.n_layers)]
-                 if _has_bias(spec) else None)
+                 if spec.bias else None)
     theta = spec.pack(stacked_w, stacked_b)
     return spec, theta if device is None else theta.to(device)
 
@@ -267,10 +267,10 @@ def _names(spec: MLPSpec | CNNSpec, like: object) -> list[str]:
         raise TypeError(f"save_checkpoints: like must be a module, a state dict or a checkpoint file; got "
                         f"{type(like).__name__}")
     layers = _layers(path, state)
-    shapes, bias = _architecture(layers)
-    if list(shapes) != [tuple(s) for s in spec.layer_shapes] or bias != _has_bias(spec):
-        raise ValueError(f"save_checkpoints: like ({path}) has layers {list(shapes)} (bias={bias}); "
-                         f"{spec} has {spec.layer_shapes} (bias={_has_bias(spec)})")
+    shapes, biases = _architecture(layers)
+    if list(shapes) != [tuple(s) for s in spec.layer_shapes] or set(biases) != {spec.bias}:
+        raise ValueError(f"save_checkpoints: like ({path}) has layers {list(shapes)} (biases {list(biases)}); "
+                         f"{spec} has {spec.layer_shapes} (bias={spec.bias} in every layer)")
     return [m for m, _, _ in layers]
 
 
