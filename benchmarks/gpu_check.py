@@ -4,9 +4,12 @@
 2. One training step (``WeightFlow.fit``: batch, coupling, pairing, field, AdamW, EMA) and one sampling
    pass (``WeightFlow.sample``, the chapters' solver, steps and number of networks) of every field kind at
    the ``full`` sizes of the book: ``gnn_field``, ``NeuronField`` and ``FlatField`` on breast-cancer
-   networks (30-16-16-2, :func:`wsbook.experiments.flows.flow_config`), ``gnn_field``, ``NeuronField`` and
-   ``FlatField`` on MNIST networks (784-10-10, :func:`wsbook.experiments.mnist_flows.budget`), each with
-   the field under bfloat16 autocast and in float32.
+   networks (30-16-16-2, :func:`wsbook.experiments.flows.flow_config`), the ``ChannelField`` and the
+   ``FlatField`` of chapter 8d's flows from the mean network on its 1-8-8-10 CNNs
+   (:func:`wsbook.experiments.flows.cnn_candidates`, :func:`~wsbook.experiments.flows.cnn_sizes`),
+   ``gnn_field``, ``NeuronField`` and ``FlatField`` on MNIST networks (784-10-10,
+   :func:`wsbook.experiments.mnist_flows.budget`), each with the field under bfloat16 autocast and in
+   float32.
 3. The MNIST GNN flow at ``full`` size trained for :data:`TRAIN_STEPS` steps (``fit``'s default: the field
    under bfloat16 autocast on CUDA; the loss at the start and at the end), then sampled; last, the whole
    check's wall time.
@@ -36,15 +39,22 @@ from pathlib import Path
 import torch
 
 from wsbook import config
-from wsbook.nets import MLPSpec
+from wsbook.nets import CNNSpec, MLPSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "gpu_results.csv"
 COLUMNS = ("what", "zoo", "field", "dtype", "ms", "note", "device", "date")
 TRAIN_STEPS = 200           # the MNIST flow's training run
 WARM_STEPS, TIMED_STEPS = 3, 20     # training steps of the untimed fit and of the timed one
-#: (zoo, architecture at full size, architecture with --tiny)
-ZOOS = (("breast_cancer", (30, 16, 16, 2), (6, 4, 4, 2)), ("mnist5k", (784, 10, 10), (12, 4, 3)))
+#: (zoo, architecture at full size, architecture with --tiny); a CNN's is (in channels, *channels, classes)
+ZOOS = (("breast_cancer", (30, 16, 16, 2), (6, 4, 4, 2)), ("cnn_digits", (1, 8, 8, 10), (1, 3, 3, 4)),
+        ("mnist5k", (784, 10, 10), (12, 4, 3)))
+
+
+def spec_of(zoo: str, widths: tuple[int, ...]) -> MLPSpec | CNNSpec:
+    """The architecture of ``zoo``'s networks with ``widths`` (CNNs: 3x3 kernels, as chapter 8d's)."""
+    return CNNSpec(widths[0], widths[1:-1], kernel_size=3, n_classes=widths[-1]) if zoo.startswith("cnn") \
+        else MLPSpec(widths)
 
 
 def flows_of(zoo: str, widths: tuple[int, ...], device: torch.device,
@@ -54,9 +64,15 @@ def flows_of(zoo: str, widths: tuple[int, ...], device: torch.device,
     field on ``device``; ``tiny``: 8 networks sampled in 2 steps."""
     from wsbook.experiments import flows, mnist_flows, summary
 
-    spec = MLPSpec(widths)
+    spec = spec_of(zoo, widths)
     ref = spec.init(1, generator=torch.Generator().manual_seed(1), device="cpu")
-    if zoo == "breast_cancer":
+    if zoo == "cnn_digits":      # the page's two flows from the mean network (of random networks here)
+        n, steps = flows.cnn_sizes()
+        train = spec.init(16, generator=torch.Generator().manual_seed(2), device="cpu")
+        out = [(flows.build_flow(spec, cfg, ref, train), dict(batch_size=cfg.batch_size, lr=cfg.lr),
+                dict(n=n, steps=steps, method="midpoint"))
+               for cfg in flows.cnn_candidates().values() if cfg.source == "mean"]
+    elif zoo == "breast_cancer":
         n, steps = summary.breast_cancer_sizes()
         out = []
         for kind in ("gnn", "neuron", "flat"):
@@ -146,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         with config.at_scale("ci" if args.tiny else "full"):
             for zoo, full_widths, tiny_widths in ZOOS:
                 widths = tiny_widths if args.tiny else full_widths
-                nets = MLPSpec(widths).init(n_nets, generator=gen, device="cpu")
+                nets = spec_of(zoo, widths).init(n_nets, generator=gen, device="cpu")
                 for flow, fit_kw, sample_kw in flows_of(zoo, widths, device, args.tiny):
                     field = type(flow.field).__name__
                     for bf16 in (True, False):

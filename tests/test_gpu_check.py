@@ -40,6 +40,7 @@ def test_tiny_run_on_the_cpu_times_every_field_kind(tmp_path, monkeypatch):
     assert all(math.isfinite(float(r["ms"])) and float(r["ms"]) > 0 for r in rows)
     timed = {(r["what"], r["zoo"], r["field"], r["dtype"]) for r in rows}
     fields = {"breast_cancer": ("GNNField", "NeuronField", "FlatField"),
+              "cnn_digits": ("ChannelField", "FlatField"),
               "mnist5k": ("GNNField", "NeuronField", "FlatField")}
     assert timed >= {(what, zoo, field, dtype) for zoo, names in fields.items() for field in names
                      for what in ("train_step", "sample") for dtype in ("bfloat16", "float32")}
