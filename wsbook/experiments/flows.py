@@ -318,12 +318,13 @@ def equivariant_against_flat():
     estimate, so the difference's standard error counts its share twice, on the safe side)."""
     import pandas as pd
 
+    fields = ("channel", "flat")
     rows = {}
-    for field in ("channel", "flat"):
+    for field in fields:
         table = cnn_verdict_table(field)
-        rows[table.attrs["selected"]] = table.loc[table.attrs["selected"]].copy()
-        rows[table.attrs["selected"]]["field"] = field
+        rows[table.attrs["selected"]] = table.loc[table.attrs["selected"]]
     out = pd.DataFrame(rows).T
+    out.insert(0, "field", fields)
     channel, flat = out.index[0], out.index[1]
     out["MMD² vs flat"] = "—"
     out.loc[channel, "MMD² vs flat"] = protocol.versus(out.loc[channel, "mmd_ratio"], out.loc[channel, "mmd_ratio_se"],
