@@ -325,10 +325,7 @@ def equivariant_against_flat():
         rows[table.attrs["selected"]] = table.loc[table.attrs["selected"]]
     out = pd.DataFrame(rows).T
     out.insert(0, "field", fields)
-    channel, flat = out.index[0], out.index[1]
-    out["MMD² vs flat"] = "—"
-    out.loc[channel, "MMD² vs flat"] = protocol.versus(out.loc[channel, "mmd_ratio"], out.loc[channel, "mmd_ratio_se"],
-                                                       out.loc[flat, "mmd_ratio"], out.loc[flat, "mmd_ratio_se"])
+    protocol.versus_column(out, "MMD² vs flat", "mmd_ratio", [out.index[0]], out.index[1])
     return out
 
 
@@ -888,12 +885,11 @@ def nn_ratio_interval(theta: Tensor, refs: References, *, level: float = 0.95, n
     gen = torch.Generator().manual_seed(seed)
     train = refs.train_points
     d_gen = distances.nearest_neighbour_distances(refs.canonical.to_points(theta.cpu()), train)
-    d_held = refs.d_held
-    held = protocol.run_bootstrap_medians(d_held, refs.held.run.cpu(), n_boot=n_boot, seed=seed + 1)
+    held = protocol.run_bootstrap_medians(refs.d_held, refs.held.run.cpu(), n_boot=n_boot, seed=seed + 1)
     rows = torch.randint(len(d_gen), (n_boot, len(d_gen)), generator=gen)
     ratios = d_gen[rows].median(dim=1).values / held
     tail = (1 - level) / 2
-    return {"ratio": float(d_gen.median() / d_held.median()), "low": float(ratios.quantile(tail)),
+    return {"ratio": float(d_gen.median() / refs.d_held.median()), "low": float(ratios.quantile(tail)),
             "high": float(ratios.quantile(1 - tail))}
 
 
